@@ -1,0 +1,120 @@
+"""Model and training hyperparameters (paper Table 3), as a small dataclass
+that round-trips through a dict and JSON."""
+
+import dataclasses
+import json
+
+from keras_transformer.layers.embedding import POSITION_ENCODINGS
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Everything needed to rebuild a `Transformer` (and its paper recipe).
+
+    Token ids (`pad_id`, `bos_id`, `eos_id`) come from the tokenizer the model
+    is trained with; `training/` fills them from it. The defaults match the
+    SentencePiece settings this package trains with.
+    """
+
+    vocab_size: int
+    d_model: int = 512
+    num_layers: int = 6
+    num_decoder_layers: int | None = None  # None: same as num_layers
+    num_heads: int = 8
+    d_ff: int = 2048
+    dropout: float = 0.1  # P_drop: residual and embedding dropout (5.4)
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    label_smoothing: float = 0.1  # eps_ls (5.4)
+    norm_first: bool = False  # the paper is post-LN
+    layer_norm_epsilon: float = 1e-6
+    position_encoding: str = "sinusoidal"  # or "learned" (Table 3 row E)
+    max_length: int = 1024  # learned-position table size; decoding cap
+    target_vocab_size: int | None = None  # None: one shared vocabulary (3.4)
+    tie_output_projection: bool = True  # pre-softmax = target embedding^T
+    pad_id: int = 0
+    bos_id: int = 2
+    eos_id: int = 3
+    warmup_steps: int = 4000  # 5.3
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff",
+                     "max_length", "warmup_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"`{name}` must be a positive int, received {value!r}.")
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"`d_model` ({self.d_model}) must be divisible by `num_heads` "
+                f"({self.num_heads})."
+            )
+        for name in ("dropout", "attention_dropout", "activation_dropout",
+                     "label_smoothing"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"`{name}` must be in [0, 1), received {value!r}.")
+        if self.position_encoding not in POSITION_ENCODINGS:
+            raise ValueError(
+                f"`position_encoding` must be one of {POSITION_ENCODINGS}, "
+                f"received {self.position_encoding!r}."
+            )
+        for name in ("pad_id", "bos_id", "eos_id"):
+            value = getattr(self, name)
+            if not 0 <= value < min(self.vocab_size, self.target_vocab_size or self.vocab_size):
+                raise ValueError(
+                    f"`{name}` ({value}) must be a valid token id below the "
+                    f"vocabulary size."
+                )
+
+    @property
+    def decoder_layers(self):
+        return self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers
+
+    @property
+    def shared_vocabulary(self):
+        return self.target_vocab_size is None
+
+    @property
+    def output_vocab_size(self):
+        return self.vocab_size if self.target_vocab_size is None else self.target_vocab_size
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values):
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(
+                f"Unknown TransformerConfig fields {sorted(unknown)}; expected a "
+                f"subset of {sorted(known)}."
+            )
+        return cls(**values)
+
+    def to_json(self, indent=2):
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text):
+        return cls.from_dict(json.loads(text))
+
+
+# Table 3. `base`: N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1, eps_ls=0.1;
+# `big`: N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3.
+PRESETS = {
+    "tiny": dict(d_model=64, num_layers=2, num_heads=4, d_ff=128, dropout=0.1),
+    "small": dict(d_model=256, num_layers=3, num_heads=4, d_ff=1024, dropout=0.1),
+    "base": dict(d_model=512, num_layers=6, num_heads=8, d_ff=2048, dropout=0.1),
+    "big": dict(d_model=1024, num_layers=6, num_heads=16, d_ff=4096, dropout=0.3),
+}
+
+
+def get_config(name, vocab_size, **overrides):
+    """A preset (`tiny`, `small`, `base`, `big`) with `overrides` applied."""
+    if name not in PRESETS:
+        raise ValueError(f"Unknown config {name!r}; expected one of {sorted(PRESETS)}.")
+    return TransformerConfig(vocab_size=vocab_size, **{**PRESETS[name], **overrides})

@@ -1,0 +1,216 @@
+"""Scaled dot-product and multi-head attention (paper section 3.2).
+
+Mask convention (the same as `keras.layers.MultiHeadAttention`): a mask entry
+that is True (or 1) means the query MAY attend to that key; False (or 0) hides
+the key. Masks broadcast to `(batch, heads, q_len, k_len)`. The tutorial that
+the seed documents follow used the opposite convention (1 = hidden) and shipped
+a look-ahead leak when the two were mixed, so every mask in this package is
+built by `keras_transformer.layers.masks` and means "visible".
+"""
+
+import math
+
+import keras
+from keras import ops
+
+# Softmax runs in float32 even under a mixed-precision policy; this is a large
+# finite negative for float32 (not -inf, so that a fully masked row gives a
+# uniform distribution instead of NaN, and `x * 0` stays 0).
+_MASK_VALUE = -1e9
+
+
+def scaled_dot_product_attention(q, k, v, mask=None, dropout=None, training=None):
+    """softmax(Q K^T / sqrt(d_k)) V, paper equation (1).
+
+    Args:
+        q: queries, `(..., q_len, d_k)`.
+        k: keys, `(..., k_len, d_k)`.
+        v: values, `(..., k_len, d_v)`.
+        mask: optional boolean, broadcastable to `(..., q_len, k_len)`;
+            True = may attend.
+        dropout: optional `keras.layers.Dropout` applied to the weights.
+        training: passed to `dropout`.
+
+    Returns:
+        `(output, attention_weights)`: `(..., q_len, d_v)` in the dtype of
+        `v`, and `(..., q_len, k_len)` in float32.
+    """
+    d_k = ops.shape(q)[-1]
+    # Scale the queries rather than the logits: q_len x d_k multiplies instead
+    # of q_len x k_len, and the same result.
+    q = ops.multiply(q, ops.cast(1.0 / math.sqrt(d_k), q.dtype))
+    logits = ops.matmul(q, ops.swapaxes(k, -1, -2))
+    logits = ops.cast(logits, "float32")
+    if mask is not None:
+        logits = ops.where(ops.cast(mask, "bool"), logits, _MASK_VALUE)
+    weights = ops.softmax(logits, axis=-1)
+    dropped = weights if dropout is None else dropout(weights, training=training)
+    output = ops.matmul(ops.cast(dropped, v.dtype), v)
+    return output, weights
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention, paper section 3.2.2.
+
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O with
+    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V). The h projections of size
+    d_k = d_model / h are computed as one `d_model x d_model` matrix each
+    (`wq`, `wk`, `wv`) and split into heads by `split_heads`; `dense` is W^O.
+
+    Args:
+        d_model: model width; must be divisible by `num_heads`.
+        num_heads: number of heads h.
+        dropout: dropout rate on the attention weights (0 in the paper).
+        use_bias: whether the four projections have biases.
+        kernel_initializer: initializer of the four projection kernels.
+
+    Call arguments (the order of the seed layer: values, keys, queries):
+        v: `(batch, k_len, d_v_in)`.
+        k: `(batch, k_len, d_k_in)`.
+        q: `(batch, q_len, d_q_in)`.
+        mask: optional boolean broadcastable to `(batch, heads, q_len, k_len)`;
+            True = may attend, False = hidden.
+        training: enables dropout.
+        return_attention_weights: when False, the weights are not returned
+            (None in their place), which lets the backend use a fused kernel.
+
+    Returns:
+        `(output, attention_weights)`: `(batch, q_len, d_model)` and
+        `(batch, heads, q_len, k_len)` float32 (or None, see above).
+    """
+
+    def __init__(
+        self,
+        d_model,
+        num_heads,
+        dropout=0.0,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if d_model <= 0 or num_heads <= 0:
+            raise ValueError(
+                "`d_model` and `num_heads` must be positive, received "
+                f"d_model={d_model}, num_heads={num_heads}."
+            )
+        if d_model % num_heads:
+            raise ValueError(
+                f"`d_model` ({d_model}) must be divisible by `num_heads` "
+                f"({num_heads}) so that every head has d_model / num_heads "
+                "dimensions."
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"`dropout` must be in [0, 1), received {dropout}.")
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.depth = d_model // num_heads
+        self.dropout = dropout
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+
+        def projection(name):
+            return keras.layers.Dense(
+                d_model,
+                use_bias=use_bias,
+                kernel_initializer=self.kernel_initializer,
+                dtype=self.dtype_policy,
+                name=name,
+            )
+
+        self.wq = projection("wq")
+        self.wk = projection("wk")
+        self.wv = projection("wv")
+        self.dense = projection("dense")
+        self.attention_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+
+    def build(self, v_shape, k_shape=None, q_shape=None):
+        k_shape = v_shape if k_shape is None else k_shape
+        q_shape = v_shape if q_shape is None else q_shape
+        self.wv.build(v_shape)
+        self.wk.build(k_shape)
+        self.wq.build(q_shape)
+        self.dense.build(tuple(q_shape[:-1]) + (self.d_model,))
+        self.built = True
+
+    def split_heads(self, x):
+        """`(batch, len, d_model)` -> `(batch, heads, len, depth)`."""
+        batch, length = ops.shape(x)[0], ops.shape(x)[1]
+        x = ops.reshape(x, (batch, length, self.num_heads, self.depth))
+        return ops.transpose(x, (0, 2, 1, 3))
+
+    def merge_heads(self, x):
+        """`(batch, heads, len, depth)` -> `(batch, len, d_model)`."""
+        batch, length = ops.shape(x)[0], ops.shape(x)[2]
+        x = ops.transpose(x, (0, 2, 1, 3))
+        return ops.reshape(x, (batch, length, self.d_model))
+
+    def project_keys_and_values(self, k, v):
+        """Projects and splits keys and values once, for reuse across steps.
+
+        Encoder-decoder attention calls this once per sentence during
+        incremental decoding (the memory does not change between steps).
+
+        Returns:
+            `(k_heads, v_heads)`, each `(batch, heads, k_len, depth)`.
+        """
+        return self.split_heads(self.wk(k)), self.split_heads(self.wv(v))
+
+    def project_queries(self, q):
+        """`(batch, q_len, d)` -> `(batch, heads, q_len, depth)`."""
+        return self.split_heads(self.wq(q))
+
+    def attend(
+        self, q_heads, k_heads, v_heads, mask=None, training=None,
+        return_attention_weights=True,
+    ):
+        """Attention over already projected heads, then the output projection.
+
+        Args:
+            q_heads: `(batch, heads, q_len, depth)`.
+            k_heads, v_heads: `(batch, heads, k_len, depth)`.
+            mask: see the class docstring.
+
+        Returns:
+            `(output, attention_weights)` as in `call`.
+        """
+        if mask is not None:
+            mask = ops.cast(mask, "bool")
+        if not return_attention_weights and not (training and self.dropout):
+            # The fused kernel never materialises the weights; it takes
+            # (batch, len, heads, depth) and the same True = attend mask.
+            out = ops.dot_product_attention(
+                ops.transpose(q_heads, (0, 2, 1, 3)),
+                ops.transpose(k_heads, (0, 2, 1, 3)),
+                ops.transpose(v_heads, (0, 2, 1, 3)),
+                mask=mask,
+            )
+            batch, length = ops.shape(out)[0], ops.shape(out)[1]
+            out = ops.reshape(out, (batch, length, self.d_model))
+            return self.dense(out), None
+        out, weights = scaled_dot_product_attention(
+            q_heads, k_heads, v_heads, mask,
+            dropout=self.attention_dropout if self.dropout else None,
+            training=training,
+        )
+        return self.dense(self.merge_heads(out)), weights
+
+    def call(self, v, k, q, mask=None, training=None, return_attention_weights=True):
+        k_heads, v_heads = self.project_keys_and_values(k, v)
+        return self.attend(
+            self.project_queries(q), k_heads, v_heads, mask,
+            training=training,
+            return_attention_weights=return_attention_weights,
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            d_model=self.d_model,
+            num_heads=self.num_heads,
+            dropout=self.dropout,
+            use_bias=self.use_bias,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+        )
+        return config

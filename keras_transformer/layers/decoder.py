@@ -1,0 +1,285 @@
+"""The decoder (paper section 3.1, right half of Figure 1), with incremental
+decoding against a fixed-shape key/value cache."""
+
+import keras
+from keras import ops
+
+from keras_transformer.layers.attention import MultiHeadAttention
+from keras_transformer.layers.feed_forward import PositionwiseFeedForward
+from keras_transformer.layers.masks import cache_mask
+from keras_transformer.layers.residual import ResidualNorm
+
+
+def write_cache(cache, update, step):
+    """Writes `update` `(batch, heads, 1, depth)` into slot `step` of `cache`
+    `(batch, heads, max_length, depth)`.
+
+    A `where` against a one-hot position mask rather than `ops.slice_update`:
+    on TensorFlow the latter lowers to `XlaDynamicUpdateSlice`, which a stock
+    TF Serving binary cannot run outside XLA. The shape never changes, so the
+    loop state stays fixed-shape (XLA-friendly) all the same.
+    """
+    max_length = ops.shape(cache)[2]
+    at_step = ops.reshape(ops.equal(ops.arange(max_length), step), (1, 1, -1, 1))
+    return ops.where(at_step, ops.cast(update, cache.dtype), cache)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class DecoderLayer(keras.layers.Layer):
+    """Masked self-attention, encoder-decoder attention, feed-forward network,
+    each in a `ResidualNorm`.
+
+    Args: as `EncoderLayer`.
+
+    Call arguments:
+        x: `(batch, tgt_len, d_model)`.
+        memory: encoder output `(batch, src_len, d_model)`.
+        self_mask: broadcastable to `(batch, 1, tgt_len, tgt_len)` (causal).
+        memory_mask: `(batch, 1, 1, src_len)`, True = real source token.
+        return_attention_weights: also return `(self_weights, cross_weights)`.
+
+    Returns: `x` of shape `(batch, tgt_len, d_model)`, or
+    `(x, (self_weights, cross_weights))`.
+    """
+
+    def __init__(
+        self,
+        d_model,
+        num_heads,
+        d_ff,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        norm_first=False,
+        epsilon=1e-6,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.d_ff = d_ff
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.activation_dropout = activation_dropout
+        self.norm_first = norm_first
+        self.epsilon = epsilon
+        policy = self.dtype_policy
+        self.self_attention = MultiHeadAttention(
+            d_model, num_heads, dropout=attention_dropout, dtype=policy,
+            name="self_attention",
+        )
+        self.self_attention_block = ResidualNorm(
+            dropout, norm_first, epsilon, dtype=policy, name="self_attention_block"
+        )
+        self.cross_attention = MultiHeadAttention(
+            d_model, num_heads, dropout=attention_dropout, dtype=policy,
+            name="cross_attention",
+        )
+        self.cross_attention_block = ResidualNorm(
+            dropout, norm_first, epsilon, dtype=policy, name="cross_attention_block"
+        )
+        self.feed_forward = PositionwiseFeedForward(
+            d_model, d_ff, dropout=activation_dropout, dtype=policy, name="feed_forward"
+        )
+        self.feed_forward_block = ResidualNorm(
+            dropout, norm_first, epsilon, dtype=policy, name="feed_forward_block"
+        )
+
+    def build(self, x_shape, memory_shape=None):
+        memory_shape = x_shape if memory_shape is None else memory_shape
+        self.self_attention.build(x_shape, x_shape, x_shape)
+        self.self_attention_block.build(x_shape)
+        self.cross_attention.build(memory_shape, memory_shape, x_shape)
+        self.cross_attention_block.build(x_shape)
+        self.feed_forward.build(x_shape)
+        self.feed_forward_block.build(x_shape)
+        self.built = True
+
+    def _cross_attention_and_feed_forward(
+        self, x, memory_k, memory_v, memory_mask, training, return_attention_weights
+    ):
+        h = self.cross_attention_block.normalize_input(x)
+        y, cross_weights = self.cross_attention.attend(
+            self.cross_attention.project_queries(h), memory_k, memory_v, memory_mask,
+            training=training, return_attention_weights=return_attention_weights,
+        )
+        x = self.cross_attention_block.add(x, y, training=training)
+        h = self.feed_forward_block.normalize_input(x)
+        x = self.feed_forward_block.add(
+            x, self.feed_forward(h, training=training), training=training
+        )
+        return x, cross_weights
+
+    def call(
+        self, x, memory, self_mask=None, memory_mask=None, training=None,
+        return_attention_weights=False,
+    ):
+        h = self.self_attention_block.normalize_input(x)
+        y, self_weights = self.self_attention(
+            h, h, h, self_mask, training=training,
+            return_attention_weights=return_attention_weights,
+        )
+        x = self.self_attention_block.add(x, y, training=training)
+        memory_k, memory_v = self.cross_attention.project_keys_and_values(memory, memory)
+        x, cross_weights = self._cross_attention_and_feed_forward(
+            x, memory_k, memory_v, memory_mask, training, return_attention_weights
+        )
+        if return_attention_weights:
+            return x, (self_weights, cross_weights)
+        return x
+
+    # Incremental decoding --------------------------------------------------
+
+    def memory_keys_and_values(self, memory):
+        """Encoder-decoder keys and values, computed once per sentence.
+
+        Returns: `(k, v)`, each `(batch, heads, src_len, depth)`.
+        """
+        return self.cross_attention.project_keys_and_values(memory, memory)
+
+    def empty_cache(self, batch_size, max_length, dtype):
+        """Zeroed self-attention keys and values for `max_length` steps.
+
+        Returns: `(k, v)`, each `(batch, heads, max_length, depth)`.
+        """
+        shape = (batch_size, self.num_heads, max_length, self.d_model // self.num_heads)
+        return ops.zeros(shape, dtype), ops.zeros(shape, dtype)
+
+    def decode_step(self, x, step, cache_k, cache_v, memory_k, memory_v, memory_mask):
+        """One target position against the cache (inference only, no dropout).
+
+        Args:
+            x: the embedded token at position `step`, `(batch, 1, d_model)`.
+            step: scalar int, 0-based position of `x`.
+            cache_k, cache_v: `(batch, heads, max_length, depth)`; slots
+                `0 .. step - 1` hold earlier positions.
+            memory_k, memory_v: from `memory_keys_and_values`.
+            memory_mask: `(batch, 1, 1, src_len)`.
+
+        Returns:
+            `(x, cache_k, cache_v)`: `(batch, 1, d_model)` and the caches with
+            slot `step` written.
+        """
+        h = self.self_attention_block.normalize_input(x)
+        attention = self.self_attention
+        k_new, v_new = attention.project_keys_and_values(h, h)
+        cache_k = write_cache(cache_k, k_new, step)
+        cache_v = write_cache(cache_v, v_new, step)
+        y, _ = attention.attend(
+            attention.project_queries(h), cache_k, cache_v,
+            cache_mask(step, ops.shape(cache_k)[2]),
+            training=False, return_attention_weights=False,
+        )
+        x = self.self_attention_block.add(x, y, training=False)
+        x, _ = self._cross_attention_and_feed_forward(
+            x, memory_k, memory_v, memory_mask, False, False
+        )
+        return x, cache_k, cache_v
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            d_model=self.d_model,
+            num_heads=self.num_heads,
+            d_ff=self.d_ff,
+            dropout=self.dropout,
+            attention_dropout=self.attention_dropout,
+            activation_dropout=self.activation_dropout,
+            norm_first=self.norm_first,
+            epsilon=self.epsilon,
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Decoder(keras.layers.Layer):
+    """A stack of `num_layers` `DecoderLayer`s with no weight sharing, and a
+    final LayerNorm when `norm_first`.
+
+    Call: `x (batch, tgt_len, d_model)`, `memory (batch, src_len, d_model)`,
+    masks as in `DecoderLayer` -> `(batch, tgt_len, d_model)`, or
+    `(x, [(self_weights, cross_weights) per layer])`.
+    """
+
+    def __init__(self, num_layers, d_model, num_heads, d_ff, dropout=0.0,
+                 attention_dropout=0.0, activation_dropout=0.0, norm_first=False,
+                 epsilon=1e-6, **kwargs):
+        super().__init__(**kwargs)
+        if num_layers <= 0:
+            raise ValueError(f"`num_layers` must be positive, received {num_layers}.")
+        self.num_layers = num_layers
+        self.layer_kwargs = dict(
+            d_model=d_model, num_heads=num_heads, d_ff=d_ff, dropout=dropout,
+            attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout, norm_first=norm_first,
+            epsilon=epsilon,
+        )
+        self.decoder_layers = [
+            DecoderLayer(**self.layer_kwargs, dtype=self.dtype_policy, name=f"layer_{i}")
+            for i in range(num_layers)
+        ]
+        self.final_norm = (
+            keras.layers.LayerNormalization(
+                epsilon=epsilon, dtype=self.dtype_policy, name="final_norm"
+            )
+            if norm_first
+            else None
+        )
+
+    def build(self, x_shape, memory_shape=None):
+        for layer in self.decoder_layers:
+            layer.build(x_shape, memory_shape)
+        if self.final_norm is not None:
+            self.final_norm.build(x_shape)
+        self.built = True
+
+    def call(self, x, memory, self_mask=None, memory_mask=None, training=None,
+             return_attention_weights=False):
+        all_weights = []
+        for layer in self.decoder_layers:
+            if return_attention_weights:
+                x, weights = layer(
+                    x, memory, self_mask, memory_mask, training=training,
+                    return_attention_weights=True,
+                )
+                all_weights.append(weights)
+            else:
+                x = layer(x, memory, self_mask, memory_mask, training=training)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return (x, all_weights) if return_attention_weights else x
+
+    def init_cache(self, memory, max_length):
+        """The decoding state for `memory` `(batch, src_len, d_model)`.
+
+        Returns: a list (one dict per layer) with self-attention `key`/`value`
+        caches `(batch, heads, max_length, depth)` and encoder-decoder
+        `memory_key`/`memory_value` `(batch, heads, src_len, depth)`.
+        """
+        batch_size = ops.shape(memory)[0]
+        cache = []
+        for layer in self.decoder_layers:
+            memory_k, memory_v = layer.memory_keys_and_values(memory)
+            key, value = layer.empty_cache(batch_size, max_length, memory_k.dtype)
+            cache.append(
+                {"key": key, "value": value, "memory_key": memory_k, "memory_value": memory_v}
+            )
+        return cache
+
+    def decode_step(self, x, step, cache, memory_mask):
+        """`x (batch, 1, d_model)` at position `step` -> `(x, new_cache)`."""
+        new_cache = []
+        for layer, layer_cache in zip(self.decoder_layers, cache):
+            x, key, value = layer.decode_step(
+                x, step, layer_cache["key"], layer_cache["value"],
+                layer_cache["memory_key"], layer_cache["memory_value"], memory_mask,
+            )
+            new_cache.append(dict(layer_cache, key=key, value=value))
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, new_cache
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_layers=self.num_layers, **self.layer_kwargs)
+        return config

@@ -1,0 +1,55 @@
+"""Position-wise feed-forward network (paper section 3.3)."""
+
+import keras
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class PositionwiseFeedForward(keras.layers.Layer):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2, applied to every position alike.
+
+    Args:
+        d_model: input and output width.
+        d_ff: inner width (2048 in `base`).
+        activation: inner activation (ReLU in the paper).
+        dropout: dropout on the inner activations (0 in the paper; some
+            implementations use 0.1 here).
+
+    Call: `(batch, length, d_model)` -> `(batch, length, d_model)`.
+    """
+
+    def __init__(self, d_model, d_ff, activation="relu", dropout=0.0, **kwargs):
+        super().__init__(**kwargs)
+        if d_model <= 0 or d_ff <= 0:
+            raise ValueError(
+                f"`d_model` and `d_ff` must be positive, received {d_model}, {d_ff}."
+            )
+        self.d_model = d_model
+        self.d_ff = d_ff
+        self.activation = activation
+        self.dropout = dropout
+        self.inner = keras.layers.Dense(
+            d_ff, activation=activation, dtype=self.dtype_policy, name="inner"
+        )
+        self.outer = keras.layers.Dense(d_model, dtype=self.dtype_policy, name="outer")
+        self.inner_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+
+    def build(self, inputs_shape):
+        self.inner.build(inputs_shape)
+        self.outer.build(tuple(inputs_shape[:-1]) + (self.d_ff,))
+        self.built = True
+
+    def call(self, inputs, training=None):
+        hidden = self.inner(inputs)
+        if self.dropout:
+            hidden = self.inner_dropout(hidden, training=training)
+        return self.outer(hidden)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            d_model=self.d_model,
+            d_ff=self.d_ff,
+            activation=self.activation,
+            dropout=self.dropout,
+        )
+        return config

@@ -1,0 +1,204 @@
+"""The Transformer (paper section 3, Figure 1) as a subclassed `keras.Model`."""
+
+import keras
+from keras import ops
+
+from keras_transformer import distribute
+from keras_transformer.config import TransformerConfig
+from keras_transformer.layers.decoder import Decoder
+from keras_transformer.layers.embedding import PositionalEmbedding, TokenEmbedding
+from keras_transformer.layers.encoder import Encoder
+from keras_transformer.layers.masks import causal_mask, padding_mask
+from keras_transformer.losses import normalizing_weights, real_token_weights
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Transformer(keras.Model):
+    """Encoder-decoder Transformer for translation.
+
+    Args:
+        config: a `TransformerConfig` (or its dict).
+
+    Call:
+        inputs: `(source_ids, target_input_ids)`, int `(batch, src_len)` and
+            `(batch, tgt_len)`; `target_input_ids` is the target shifted
+            right, starting with `config.bos_id`.
+        training: enables dropout.
+
+    Returns: logits `(batch, tgt_len, output_vocab_size)`, float32 under any
+    dtype policy.
+
+    Source padding (`config.pad_id`) is masked out of every attention over the
+    source; the decoder's self-attention is causal. With a shared vocabulary
+    (the default) one embedding matrix serves the source, the target and the
+    pre-softmax projection (3.4).
+
+    Loss normalisation: `compute_loss` gives Keras per-token weights so that
+    the compiled loss (e.g. `LabelSmoothedCrossEntropy`, reduction
+    "sum_over_batch_size") is the sum over real target tokens divided by the
+    number of real target tokens in the *global* batch, summed over replicas
+    under `tf.distribute`.
+    """
+
+    def __init__(self, config, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(config, dict):
+            config = TransformerConfig.from_dict(config)
+        if not isinstance(config, TransformerConfig):
+            raise TypeError(
+                f"`config` must be a TransformerConfig or dict, received {type(config)}."
+            )
+        self.config = config
+        policy = self.dtype_policy
+        c = config
+        source_tokens = TokenEmbedding(c.vocab_size, c.d_model, dtype=policy, name="shared_embedding"
+                                       if c.shared_vocabulary else "source_embedding")
+        target_tokens = (
+            source_tokens
+            if c.shared_vocabulary
+            else TokenEmbedding(c.target_vocab_size, c.d_model, dtype=policy,
+                                name="target_embedding")
+        )
+        embedding_args = dict(
+            position_encoding=c.position_encoding, max_length=c.max_length,
+            dropout=c.dropout, dtype=policy,
+        )
+        self.source_embedding = PositionalEmbedding(
+            source_tokens, name="source_positional_embedding", **embedding_args
+        )
+        self.target_embedding = PositionalEmbedding(
+            target_tokens, name="target_positional_embedding", **embedding_args
+        )
+        stack_args = dict(
+            d_model=c.d_model, num_heads=c.num_heads, d_ff=c.d_ff, dropout=c.dropout,
+            attention_dropout=c.attention_dropout,
+            activation_dropout=c.activation_dropout, norm_first=c.norm_first,
+            epsilon=c.layer_norm_epsilon, dtype=policy,
+        )
+        self.encoder = Encoder(c.num_layers, name="encoder", **stack_args)
+        self.decoder = Decoder(c.decoder_layers, name="decoder", **stack_args)
+        self.output_projection = (
+            None
+            if c.tie_output_projection
+            else keras.layers.Dense(c.output_vocab_size, dtype=policy, name="output_projection")
+        )
+
+    # Building ---------------------------------------------------------------
+
+    def build(self, inputs_shape=None):
+        d = self.config.d_model
+        self.source_embedding.build((None, None))
+        self.target_embedding.build((None, None))
+        self.encoder.build((None, None, d))
+        self.decoder.build((None, None, d), (None, None, d))
+        if self.output_projection is not None:
+            self.output_projection.build((None, None, d))
+        self.built = True
+
+    # The three pieces of the forward pass -----------------------------------
+
+    def encode(self, source_ids, training=None, return_attention_weights=False):
+        """`(batch, src_len)` -> `(memory (batch, src_len, d_model),
+        memory_mask (batch, 1, 1, src_len))`, plus per-layer weights when asked."""
+        memory_mask = padding_mask(source_ids, self.config.pad_id)
+        x = self.source_embedding(source_ids, training=training)
+        out = self.encoder(x, memory_mask, training=training,
+                           return_attention_weights=return_attention_weights)
+        if return_attention_weights:
+            memory, weights = out
+            return memory, memory_mask, weights
+        return out, memory_mask
+
+    def project(self, x):
+        """Decoder output `(..., d_model)` -> float32 logits `(..., vocab)`."""
+        if self.output_projection is None:
+            return self.target_embedding.token_embedding.logits(x)
+        return ops.cast(self.output_projection(x), "float32")
+
+    def decode(self, target_input_ids, memory, memory_mask, training=None,
+               return_attention_weights=False):
+        """Teacher-forced decoder: `(batch, tgt_len)` -> logits
+        `(batch, tgt_len, vocab)` (plus per-layer weights when asked)."""
+        x = self.target_embedding(target_input_ids, training=training)
+        self_mask = causal_mask(ops.shape(target_input_ids)[1])
+        out = self.decoder(x, memory, self_mask, memory_mask, training=training,
+                           return_attention_weights=return_attention_weights)
+        if return_attention_weights:
+            x, weights = out
+            return self.project(x), weights
+        return self.project(out)
+
+    def call(self, inputs, training=None):
+        source_ids, target_input_ids = _unpack_inputs(inputs)
+        memory, memory_mask = self.encode(source_ids, training=training)
+        return self.decode(target_input_ids, memory, memory_mask, training=training)
+
+    def attention_weights(self, source_ids, target_input_ids):
+        """Every attention map of one forward pass, for visualisation.
+
+        Returns: a dict with `encoder_self`, `decoder_self` and
+        `decoder_cross`, each a list (one per layer) of float32
+        `(batch, heads, q_len, k_len)` arrays.
+        """
+        memory, memory_mask, encoder_weights = self.encode(
+            source_ids, training=False, return_attention_weights=True
+        )
+        _, decoder_weights = self.decode(
+            target_input_ids, memory, memory_mask, training=False,
+            return_attention_weights=True,
+        )
+        return {
+            "encoder_self": encoder_weights,
+            "decoder_self": [w[0] for w in decoder_weights],
+            "decoder_cross": [w[1] for w in decoder_weights],
+        }
+
+    # Incremental decoding ---------------------------------------------------
+
+    def init_decoding_cache(self, memory, max_length):
+        """Fixed-shape decoding state for `max_length` target positions:
+        per layer, zeroed self-attention keys/values and the encoder-decoder
+        keys/values computed once (see `Decoder.init_cache`)."""
+        return self.decoder.init_cache(memory, max_length)
+
+    def decode_step(self, ids, step, cache, memory_mask):
+        """Logits for position `step` given the token at that position.
+
+        Args:
+            ids: `(batch,)` int, the token at position `step` (`bos_id` at 0).
+            step: scalar int.
+            cache: from `init_decoding_cache` (or a previous step).
+            memory_mask: `(batch, 1, 1, src_len)`.
+
+        Returns: `(logits (batch, vocab) float32, new_cache)`.
+        """
+        x = self.target_embedding(ops.expand_dims(ids, 1), start_index=step, training=False)
+        x, cache = self.decoder.decode_step(x, step, cache, memory_mask)
+        return self.project(x)[:, 0, :], cache
+
+    # Training ---------------------------------------------------------------
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        if y is not None and self._compile_loss is not None:
+            weights = real_token_weights(y, self.config.pad_id, sample_weight)
+            total_tokens, replicas = distribute.sum_over_replicas(ops.sum(weights))
+            sample_weight = normalizing_weights(weights, total_tokens, replicas)
+        return super().compute_loss(x, y, y_pred, sample_weight, training)
+
+    def get_config(self):
+        return {**super().get_config(), "config": self.config.to_dict()}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
+def _unpack_inputs(inputs):
+    if isinstance(inputs, dict):
+        return inputs["source_ids"], inputs["target_input_ids"]
+    if isinstance(inputs, (list, tuple)) and len(inputs) == 2:
+        return inputs
+    raise ValueError(
+        "Transformer expects `(source_ids, target_input_ids)` or a dict with "
+        f"those keys, received {type(inputs).__name__}."
+    )

@@ -1,0 +1,140 @@
+import keras
+import numpy as np
+import pytest
+
+import keras_transformer as kt
+from conftest import random_ids
+
+
+def test_logits_shape_and_dtype(tiny_config):
+    model = kt.Transformer(tiny_config)
+    logits = model((random_ids((3, 7)), random_ids((3, 5))))
+    assert tuple(logits.shape) == (3, 5, 40)
+    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
+
+
+def test_causality(tiny_config):
+    """Changing target tokens after position t leaves logits <= t unchanged."""
+    model = kt.Transformer(tiny_config)
+    src, tgt = random_ids((2, 6)), random_ids((2, 8), seed=1)
+    base = np.asarray(model((src, tgt)))
+    for t in (0, 3, 6):
+        changed = tgt.copy()
+        changed[:, t + 1:] = random_ids((2, 8 - t - 1), seed=t + 10)
+        out = np.asarray(model((src, changed)))
+        np.testing.assert_allclose(out[:, : t + 1], base[:, : t + 1], atol=1e-5)
+        assert not np.allclose(out[:, t + 1:], base[:, t + 1:])
+
+
+def test_source_padding_is_invisible(tiny_config):
+    model = kt.Transformer(tiny_config)
+    src, tgt = random_ids((2, 6)), random_ids((2, 5), seed=1)
+    padded = np.concatenate([src, np.zeros((2, 9), "int32")], axis=1)
+    np.testing.assert_allclose(model((padded, tgt)), model((src, tgt)), atol=1e-5)
+
+
+def test_shared_embedding_is_tied_and_layers_are_not_shared(tiny_config):
+    model = kt.Transformer(tiny_config)
+    model.build()
+    assert model.source_embedding.token_embedding is model.target_embedding.token_embedding
+    names = [w.path for w in model.weights]
+    assert len(names) == len(set(names))
+    kernels = [layer.self_attention.wq.kernel for layer in model.encoder.encoder_layers]
+    assert kernels[0] is not kernels[1]
+
+
+def test_separate_vocabularies_and_untied_projection():
+    config = kt.get_config("tiny", vocab_size=30, target_vocab_size=50,
+                           tie_output_projection=False)
+    model = kt.Transformer(config)
+    logits = model((random_ids((2, 4), high=30), random_ids((2, 3), high=50)))
+    assert tuple(logits.shape) == (2, 3, 50)
+    assert model.source_embedding.token_embedding is not model.target_embedding.token_embedding
+
+
+def test_attention_weights_of_every_layer(tiny_config):
+    model = kt.Transformer(tiny_config)
+    weights = model.attention_weights(random_ids((2, 6)), random_ids((2, 4)))
+    assert [tuple(w.shape) for w in weights["encoder_self"]] == [(2, 4, 6, 6)] * 2
+    assert [tuple(w.shape) for w in weights["decoder_self"]] == [(2, 4, 4, 4)] * 2
+    assert [tuple(w.shape) for w in weights["decoder_cross"]] == [(2, 4, 4, 6)] * 2
+    for w in weights["decoder_self"]:  # causal: nothing above the diagonal
+        assert np.all(np.triu(np.asarray(w)[0, 0], 1) == 0)
+
+
+@pytest.mark.parametrize("options", [dict(norm_first=True), dict(position_encoding="learned",
+                                                                  max_length=32)])
+def test_variants_save_and_load_identically(tmp_path, options):
+    config = kt.get_config("tiny", vocab_size=40, **options)
+    model = kt.Transformer(config)
+    inputs = (random_ids((2, 6)), random_ids((2, 5)))
+    expected = model(inputs)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    restored = keras.models.load_model(path)
+    assert restored.config == config
+    np.testing.assert_array_equal(restored(inputs), expected)
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_precision_keeps_logits_float32(policy, tiny_config):
+    keras.config.set_dtype_policy(policy)
+    model = kt.Transformer(tiny_config)
+    logits = model((random_ids((2, 6)), random_ids((2, 5))))
+    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
+    assert np.all(np.isfinite(logits))
+    assert keras.backend.standardize_dtype(model.encoder.encoder_layers[0].self_attention.wq.kernel.dtype) == "float32"
+    weights = model.attention_weights(random_ids((2, 6)), random_ids((2, 5)))
+    assert keras.backend.standardize_dtype(weights["encoder_self"][0].dtype) == "float32"
+
+
+def test_parameter_counts_match_the_paper():
+    counts = {}
+    for name, paper in (("base", 65e6), ("big", 213e6)):
+        model = kt.Transformer(kt.get_config(name, vocab_size=37000))
+        model.build()
+        counts[name] = model.count_params()
+        print(f"{name}: {counts[name]:,} parameters (paper: {paper / 1e6:.0f}M)")
+        assert abs(counts[name] - paper) / paper < 0.05
+
+
+def test_fit_drives_the_loss_to_zero():
+    config = kt.get_config("tiny", vocab_size=24, dropout=0.0, label_smoothing=0.1)
+    model = kt.Transformer(config)
+    rng = np.random.default_rng(0)
+    src = rng.integers(4, 24, (8, 6)).astype("int32")
+    tgt = np.concatenate([src[:, ::-1], np.full((8, 1), config.eos_id)], 1).astype("int32")
+    tgt_in = np.concatenate([np.full((8, 1), config.bos_id), tgt[:, :-1]], 1).astype("int32")
+    tgt[:4, -2:] = config.pad_id  # some padding in the labels
+    model.compile(
+        optimizer=keras.optimizers.Adam(3e-3),
+        loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id),
+        metrics=[kt.MaskedAccuracy(pad_id=config.pad_id)],
+    )
+    history = model.fit((src, tgt_in), tgt, batch_size=8, epochs=150, verbose=0)
+    assert history.history["loss"][0] > 1.0
+    assert history.history["loss"][-1] < 0.05
+    assert history.history["accuracy"][-1] == 1.0
+
+
+def test_loss_is_normalised_by_real_target_tokens(tiny_config):
+    """compute_loss divides by the number of real tokens, not batch x length."""
+    model = kt.Transformer(tiny_config)
+    loss = kt.LabelSmoothedCrossEntropy(0.1, pad_id=0)
+    model.compile(optimizer="adam", loss=loss)
+    src, tgt_in = random_ids((2, 5)), random_ids((2, 4), seed=3)
+    y = random_ids((2, 4), seed=4)
+    y[0, 2:] = 0
+    logits = model((src, tgt_in))
+    per_token = np.asarray(loss.call(y, logits))
+    expected = per_token.sum() / (y != 0).sum()
+    got = model.compute_loss(y=y, y_pred=logits)
+    assert float(got) == pytest.approx(expected, rel=1e-5)
+    weighted = model.compute_loss(y=y, y_pred=logits, sample_weight=np.array([1.0, 0.0]))
+    assert float(weighted) == pytest.approx(per_token[0].sum() / 2, rel=1e-5)
+
+
+def test_rejects_malformed_inputs(tiny_config):
+    model = kt.Transformer(tiny_config)
+    with pytest.raises(ValueError, match="source_ids"):
+        model(random_ids((2, 3)))
