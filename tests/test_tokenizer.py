@@ -1,0 +1,60 @@
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
+
+CORPUS = [
+    "Ein Mann fährt mit dem Fahrrad über die Brücke.",
+    "A man rides his bike across the bridge.",
+    "Zwei Hunde spielen im Schnee, während es schneit!",
+    "Two dogs are playing in the snow while it snows?",
+    "Die Mädchen überqueren die Straße.",
+    "The girls cross the street.",
+] * 40
+
+
+@pytest.fixture
+def tokenizer():
+    # Function scope: the autouse fixture's tf.random.set_seed destroys
+    # eager resources, tf-text's SentencePiece resource included.
+    return SubwordTokenizer(train_sentencepiece(CORPUS, vocab_size=400))
+
+
+def test_special_ids_come_from_the_model(tokenizer):
+    assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id) == (0, 1, 2, 3)
+    assert 300 < tokenizer.vocab_size <= 400
+
+
+@pytest.mark.parametrize("text", [
+    "Ein Mann fährt Fahrrad.",
+    "Größe, Übermaß & Äpfel: «ß» — 100 % sicher?!",
+    "Emoji never seen in training: 🚲🐕‍🦺 and Ωμέγα, 漢字.",
+])
+def test_detokenization_is_exact(tokenizer, text):
+    ids = tokenizer.tokenize(tf.constant([text]))
+    assert tokenizer.unk_id not in ids.flat_values.numpy()
+    assert tokenizer.detokenize(ids).numpy()[0].decode("utf-8") == text
+
+
+def test_detokenize_stops_at_eos_and_drops_padding(tokenizer):
+    ids = tokenizer.tokenize(tf.constant(["Two dogs"])).to_tensor()
+    eos, pad = tokenizer.eos_id, tokenizer.pad_id
+    padded = np.concatenate([ids.numpy(), [[eos, 77, pad, pad]]], axis=1)
+    assert tokenizer.detokenize(padded).numpy()[0] == b"Two dogs"
+
+
+def test_saves_atomically_and_reloads(tmp_path, tokenizer):
+    path = tmp_path / "run" / "vocab.model"
+    tokenizer.save(str(path))
+    reloaded = SubwordTokenizer.from_file(str(path))
+    assert [p.name for p in path.parent.iterdir()] == ["vocab.model"]
+    text = tf.constant(["The girls cross the street."])
+    np.testing.assert_array_equal(reloaded.tokenize(text).to_list(), tokenizer.tokenize(text).to_list())
+
+
+def test_rejects_a_bad_model():
+    with pytest.raises(ValueError, match="vocab_size"):
+        train_sentencepiece(CORPUS, vocab_size=50)
+    with pytest.raises(ValueError, match="SentencePiece"):
+        SubwordTokenizer(b"")
