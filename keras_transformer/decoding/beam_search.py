@@ -1,0 +1,208 @@
+"""Batched beam search with a length penalty, knowing nothing of the model.
+
+Written with `keras.ops` and fixed-shape loop state (`ops.while_loop`), so it
+runs on any backend, inside a `tf.function`, and under XLA. With TensorFlow,
+`beam_size`, `alpha` and `max_decode_length` may be tensors (an exported
+model takes them as inputs).
+
+The algorithm (after T2T, Model Garden's `ops/beam_search.py` and fairseq):
+
+- Two sets per sentence, `beam_size` each: *alive* hypotheses, still being
+  extended, and *finished* ones, which have produced eos, scored with the
+  GNMT length penalty `log P / ((5 + length) / 6) ** alpha`.
+- Each step extends every alive hypothesis by every token and keeps the
+  `2 * beam_size` best candidates by log-probability. Among them, those that
+  end in eos *and rank in the top `beam_size`* join the finished set (as in
+  fairseq: an eos ranked lower would not have survived a plain beam of that
+  size); the best `beam_size` that do not end in eos stay alive (there are
+  always enough, since each hypothesis contributes at most one eos
+  candidate). So beam search with `beam_size=1` and `alpha=0` is greedy
+  search.
+- A hypothesis that reaches `max_decode_length` tokens is finished there
+  without an eos (its output is truncated).
+- A sentence is done when its finished set is full and its worst finished
+  score is at least the best score any alive hypothesis could still reach
+  (its log-probability can only fall; the penalty is monotonic in the
+  length, so the bound is taken at the shortest or the longest length still
+  possible). The loop stops when every sentence is done or the length limit
+  is reached.
+"""
+
+import keras
+from keras import ops
+
+from keras_transformer.decoding.common import (
+    SCORE_DTYPE,
+    large_negative,
+    length_penalty,
+    log_softmax,
+    resolve_max_length,
+    write_position,
+)
+
+NEG = large_negative(SCORE_DTYPE)
+
+
+def tile_beams(x, beam_size):
+    """`(batch, ...)` -> `(batch * beam_size, ...)`, each row repeated
+    `beam_size` times in place (row `b * beam_size + k` is beam `k` of
+    sentence `b`)."""
+    return ops.repeat(x, beam_size, axis=0)
+
+
+def gather_beams(x, beam_indices):
+    """Picks beams per sentence.
+
+    Args:
+        x: `(batch, beams_in, ...)`.
+        beam_indices: `(batch, beams_out)` int, indices into axis 1 of `x`.
+
+    Returns: `(batch, beams_out, ...)`.
+    """
+    flat_indices = _flat_beam_indices(beam_indices, ops.shape(x)[1])
+    flat = ops.reshape(x, (-1,) + tuple(ops.shape(x)[2:]))
+    out = ops.take(flat, ops.reshape(flat_indices, (-1,)), axis=0)
+    return ops.reshape(out, tuple(ops.shape(beam_indices)) + tuple(ops.shape(x)[2:]))
+
+
+def _flat_beam_indices(beam_indices, beams_in):
+    """Row indices into the flattened `(batch * beams_in, ...)` tensor."""
+    batch_size = ops.shape(beam_indices)[0]
+    offsets = ops.expand_dims(ops.arange(batch_size, dtype="int32") * beams_in, 1)
+    return ops.cast(beam_indices, "int32") + offsets
+
+
+def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alpha,
+                max_decode_length, eos_id, pad_id=0):
+    """Batched beam search.
+
+    Args:
+        symbols_to_logits_fn: `(ids (batch * beam,), step, cache) -> (logits
+            (batch * beam, vocab), cache)`: `ids` is the token at position
+            `step` of each hypothesis (the start token at step 0), `step` a
+            scalar int32, `cache` a nested structure of tensors with
+            `batch * beam` as axis 0 (row `b * beam + k` is beam `k` of
+            sentence `b`); the search reorders the cache with a gather on
+            axis 0 as beams are selected.
+        initial_ids: `(batch,)` int, the start token of each sentence.
+        initial_cache: nested structure of tensors with `batch` as axis 0;
+            tiled here to `batch * beam`.
+        beam_size: int (or scalar int tensor with TensorFlow) >= 1. The
+            vocabulary must have at least `2 * beam_size` entries.
+        alpha: the length-penalty exponent (0: no penalty; the paper: 0.6).
+        max_decode_length: int or scalar int tensor, the most tokens to
+            generate (eos included).
+        eos_id: the end-of-sentence id.
+        pad_id: written after a hypothesis's last token.
+
+    Returns:
+        `(sequences (batch, beam, max_decode_length) int32, scores (batch,
+        beam) float32)`, best first: the generated tokens (eos included,
+        `pad_id` after it) and `log P / ((5 + length) / 6) ** alpha`, with
+        `length` the number of generated tokens, eos included.
+    """
+    if isinstance(beam_size, int) and beam_size < 1:
+        raise ValueError(f"`beam_size` must be at least 1, received {beam_size}.")
+    max_length = resolve_max_length(max_decode_length)
+    initial_ids = ops.cast(initial_ids, "int32")
+    batch_size = ops.shape(initial_ids)[0]
+    beam = beam_size
+    first_beam = ops.expand_dims(ops.equal(ops.arange(beam), 0), 0)
+    state = {
+        "step": ops.convert_to_tensor(0, "int32"),
+        # Alive hypotheses: only beam 0 is real at the start, the others are
+        # "impossible" copies so the first step does not pick duplicates.
+        "alive_sequences": ops.full((batch_size, beam, max_length), pad_id, "int32"),
+        "alive_log_probs": ops.where(
+            first_beam, 0.0, ops.full((batch_size, beam), NEG, SCORE_DTYPE)
+        ),
+        "alive_last_ids": ops.repeat(ops.expand_dims(initial_ids, 1), beam, axis=1),
+        "alive_cache": keras.tree.map_structure(
+            lambda x: tile_beams(x, beam), initial_cache
+        ),
+        "finished_sequences": ops.full((batch_size, beam, max_length), pad_id, "int32"),
+        "finished_scores": ops.full((batch_size, beam), NEG, SCORE_DTYPE),
+        "finished_flags": ops.zeros((batch_size, beam), "bool"),
+        "done": ops.zeros((batch_size,), "bool"),
+    }
+
+    def best_reachable_score(alive_log_probs, step):
+        """Upper bound `(batch,)` on the final score of any alive hypothesis
+        after `step + 1` tokens have been generated."""
+        best = ops.max(alive_log_probs, axis=1)
+        shortest = ops.minimum(step + 2, max_length)
+        return ops.maximum(
+            best / length_penalty(shortest, alpha), best / length_penalty(max_length, alpha)
+        )
+
+    def cond(state):
+        return ops.logical_and(
+            ops.less(state["step"], max_length),
+            ops.logical_not(ops.all(state["done"])),
+        )
+
+    def body(state):
+        step = state["step"]
+        logits, cache = symbols_to_logits_fn(
+            ops.reshape(state["alive_last_ids"], (-1,)), step, state["alive_cache"]
+        )
+        log_probs = log_softmax(logits)
+        vocab_size = ops.shape(log_probs)[-1]
+        log_probs = ops.reshape(log_probs, (batch_size, beam, vocab_size))
+
+        # 2 * beam candidates by total log-probability.
+        total = ops.expand_dims(state["alive_log_probs"], 2) + log_probs
+        candidate_log_probs, flat_ids = ops.top_k(
+            ops.reshape(total, (batch_size, -1)), 2 * beam
+        )
+        candidate_beams = ops.cast(flat_ids // vocab_size, "int32")
+        candidate_tokens = ops.cast(flat_ids % vocab_size, "int32")
+        candidate_sequences = write_position(
+            gather_beams(state["alive_sequences"], candidate_beams), candidate_tokens, step
+        )
+        is_eos = ops.equal(candidate_tokens, eos_id)
+
+        # The best `beam` candidates without eos stay alive.
+        alive_scores, alive_picks = ops.top_k(
+            ops.where(is_eos, NEG, candidate_log_probs), beam
+        )
+        alive_parents = ops.take_along_axis(candidate_beams, alive_picks, axis=1)
+        flat_parents = ops.reshape(_flat_beam_indices(alive_parents, beam), (-1,))
+        new_state = {
+            "step": step + 1,
+            "alive_sequences": gather_beams(candidate_sequences, alive_picks),
+            "alive_log_probs": alive_scores,
+            "alive_last_ids": ops.take_along_axis(candidate_tokens, alive_picks, axis=1),
+            "alive_cache": keras.tree.map_structure(
+                lambda x: ops.take(x, flat_parents, axis=0), cache
+            ),
+        }
+
+        # Candidates ranked in the top `beam` that end in eos (or reach the
+        # length limit) join the finished set; keep its best `beam`.
+        in_top_beam = ops.expand_dims(ops.less(ops.arange(2 * beam), beam), 0)
+        at_limit = ops.greater_equal(step + 1, max_length)
+        finishing = ops.logical_and(in_top_beam, ops.logical_or(is_eos, at_limit))
+        finishing_scores = ops.where(
+            finishing, candidate_log_probs / length_penalty(step + 1, alpha), NEG
+        )
+        merged_scores = ops.concatenate([state["finished_scores"], finishing_scores], axis=1)
+        finished_scores, finished_picks = ops.top_k(merged_scores, beam)
+        merged_flags = ops.concatenate([state["finished_flags"], finishing], axis=1)
+        new_state["finished_scores"] = finished_scores
+        new_state["finished_flags"] = ops.take_along_axis(merged_flags, finished_picks, axis=1)
+        new_state["finished_sequences"] = gather_beams(
+            ops.concatenate([state["finished_sequences"], candidate_sequences], axis=1),
+            finished_picks,
+        )
+        worst_finished = ops.min(
+            ops.where(new_state["finished_flags"], finished_scores, NEG), axis=1
+        )
+        new_state["done"] = ops.logical_and(
+            ops.all(new_state["finished_flags"], axis=1),
+            ops.greater_equal(worst_finished, best_reachable_score(alive_scores, step)),
+        )
+        return new_state
+
+    state = ops.while_loop(cond, body, state)
+    return state["finished_sequences"], state["finished_scores"]

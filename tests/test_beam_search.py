@@ -1,0 +1,193 @@
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_transformer as kt
+from conftest import random_ids
+from keras_transformer import decoding
+from keras_transformer.decoding import beam_search, greedy_search, length_penalty
+from scripted import (
+    A, B, BOS, EOS, PAD, MarkovScript, PrefixScript, random_prefix_tables, random_tables,
+    table,
+)
+
+# Two sentences where the length penalty decides the winner:
+# [eos] has P = 0.5; [a, eos] has P = 0.46 * 0.98 = 0.4508.
+PENALTY_SCRIPT = table({
+    BOS: {EOS: 0.5, A: 0.46, B: 0.04},
+    A: {EOS: 0.98, A: 0.01, B: 0.01},
+    B: {EOS: 0.98, A: 0.01, B: 0.01},
+})
+
+
+def run(script, sentences, beam_size, alpha, max_length):
+    return [
+        np.asarray(t)
+        for t in beam_search(
+            script, np.full((len(sentences),), BOS), script.initial_cache(sentences),
+            beam_size, alpha, max_length, eos_id=EOS, pad_id=PAD,
+        )
+    ]
+
+
+def lp(length, alpha):
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def test_length_penalty_is_gnmt():
+    np.testing.assert_allclose(length_penalty(np.array([1, 7]), 0.6),
+                               [1.0, 2.0**0.6], rtol=1e-6)
+
+
+def test_without_penalty_the_shorter_more_probable_hypothesis_wins():
+    sequences, scores = run(MarkovScript([PENALTY_SCRIPT]), [0], 2, 0.0, 8)
+    np.testing.assert_array_equal(sequences[0, :, :3], [[EOS, PAD, PAD], [A, EOS, PAD]])
+    np.testing.assert_allclose(scores[0], np.log([0.5, 0.4508]), rtol=1e-4)
+
+
+def test_the_length_penalty_reorders_the_n_best():
+    sequences, scores = run(MarkovScript([PENALTY_SCRIPT]), [0], 2, 1.0, 8)
+    np.testing.assert_array_equal(sequences[0, :, :3], [[A, EOS, PAD], [EOS, PAD, PAD]])
+    np.testing.assert_allclose(
+        scores[0], [np.log(0.4508) / lp(2, 1.0), np.log(0.5) / lp(1, 1.0)], rtol=1e-4
+    )
+
+
+def test_stops_early_once_no_alive_hypothesis_can_win():
+    script = MarkovScript([PENALTY_SCRIPT])
+    run(script, [0], 2, 0.0, max_length=20)
+    # Step 0 finishes [eos]; step 1 finishes [a, eos] and fills the finished
+    # set; the best alive (P <= 0.0046) cannot beat 0.4508 any more.
+    assert script.calls == 2
+
+
+def test_keeps_going_while_a_longer_hypothesis_can_still_win():
+    # [eos] (P 0.3) and [a, eos] (P 0.07) fill the finished set after step 1,
+    # but the alive [a, a] (P 0.63) can still win: at step 3 the script makes
+    # eos after a certain, so [a, a, a, eos] has P 0.7 * 0.9 * 0.9 = 0.567.
+    script = MarkovScript([table({BOS: {EOS: 0.3, A: 0.7}, A: {A: 0.9, EOS: 0.1}})])
+
+    def step_fn(ids, step, cache):
+        logits, cache = script(ids, step, cache)
+        certain_eos = tf.logical_and(tf.equal(ids, A), tf.equal(step, 3))
+        eos_column = tf.one_hot(tf.fill(tf.shape(ids), EOS), 6) * 40.0
+        return logits + tf.where(certain_eos[:, None], eos_column, 0.0), cache
+
+    sequences, scores = beam_search(step_fn, [BOS], script.initial_cache([0]), 2, 0.0, 10,
+                                    eos_id=EOS)
+    np.testing.assert_array_equal(np.asarray(sequences)[0, :, :4],
+                                  [[A, A, A, EOS], [EOS, PAD, PAD, PAD]])
+    np.testing.assert_allclose(scores[0], np.log([0.567, 0.3]), rtol=1e-4)
+    assert script.calls == 4  # and it stops right after finding it
+
+
+def test_the_stopping_bound_accounts_for_the_length_penalty():
+    # Beam 1, alpha 1: [eos] finishes first (P 0.6, score -0.51) and the
+    # alive [a] has a lower log-probability (-0.92), but a longer hypothesis
+    # is divided by a larger penalty: [a x 8, eos] (eos certain at step 8)
+    # scores log(0.4 * 0.99**7) / lp(9) = -0.42 and must win.
+    script = MarkovScript([table({BOS: {EOS: 0.6, A: 0.4}, A: {A: 0.99, EOS: 0.01}})])
+
+    def step_fn(ids, step, cache):
+        logits, cache = script(ids, step, cache)
+        certain_eos = tf.logical_and(tf.equal(ids, A), tf.equal(step, 8))
+        eos_column = tf.one_hot(tf.fill(tf.shape(ids), EOS), 6) * 40.0
+        return logits + tf.where(certain_eos[:, None], eos_column, 0.0), cache
+
+    sequences, scores = beam_search(step_fn, [BOS], script.initial_cache([0]), 1, 1.0, 12,
+                                    eos_id=EOS)
+    np.testing.assert_array_equal(np.asarray(sequences)[0, 0, :10], [A] * 8 + [EOS, PAD])
+    np.testing.assert_allclose(scores[0, 0], np.log(0.4 * 0.99**7) / lp(9, 1.0), rtol=1e-4)
+
+
+def test_hypotheses_reaching_the_limit_are_finished_without_eos():
+    script = MarkovScript([table({BOS: {A: 0.9, B: 0.1}, A: {A: 0.8, B: 0.2},
+                                  B: {A: 0.5, B: 0.5}})])
+    sequences, scores = run(script, [0], 2, 0.6, 3)
+    np.testing.assert_array_equal(sequences[0], [[A, A, A], [A, A, B]])
+    np.testing.assert_allclose(
+        scores[0], np.log([0.9 * 0.8 * 0.8, 0.9 * 0.8 * 0.2]) / lp(3, 0.6), rtol=1e-4
+    )
+
+
+def test_sentences_in_a_batch_are_independent():
+    tables = random_prefix_tables(4, 9, seed=1)
+    together = run(PrefixScript(tables), [0, 1, 2, 3], 3, 0.6, 7)
+    for i in range(4):
+        alone = run(PrefixScript(tables), [i], 3, 0.6, 7)
+        np.testing.assert_array_equal(together[0][i], alone[0][0])
+        np.testing.assert_allclose(together[1][i], alone[1][0], rtol=1e-5)
+
+
+def test_n_best_is_sorted_and_scores_match_the_sequences():
+    script = PrefixScript(random_prefix_tables(3, 9, seed=2))
+    sequences, scores = run(script, [0, 1, 2], 4, 0.6, 6)
+    assert np.all(np.diff(scores, axis=1) <= 0)
+    for b in range(3):
+        for k in range(4):
+            tokens = list(sequences[b, k])
+            length = tokens.index(EOS) + 1 if EOS in tokens else len(tokens)
+            expected = script.log_prob(b, tokens[:length]) / lp(length, 0.6)
+            np.testing.assert_allclose(scores[b, k], expected, rtol=1e-4)
+            assert all(t == PAD for t in tokens[length:])
+        assert len({tuple(s) for s in sequences[b]}) == 4  # distinct hypotheses
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_beam_one_is_greedy(seed):
+    tables = random_prefix_tables(5, 10, seed=seed, eos_bias=1.5)
+    sentences = list(range(5))
+    sequences, scores = run(PrefixScript(tables), sentences, 1, 0.0, 9)
+    script = PrefixScript(tables)
+    greedy_sequences, greedy_scores = greedy_search(
+        script, np.full((5,), BOS), script.initial_cache(sentences), 9, eos_id=EOS
+    )
+    np.testing.assert_array_equal(sequences[:, 0], greedy_sequences)
+    np.testing.assert_allclose(scores[:, 0], greedy_scores, rtol=1e-5)
+
+
+def test_beam_one_is_greedy_with_the_model():
+    config = kt.get_config("tiny", vocab_size=40, dropout=0.0, max_length=32)
+    model = kt.Transformer(config)
+    model.build()
+    src = random_ids((3, 6))
+    src[:, -1] = config.eos_id
+    sequences, scores = decoding.beam_search_translate(model, src, 1, 0.0, extra_length=4)
+    greedy_sequences, greedy_scores = decoding.greedy_translate(model, src, extra_length=4)
+    np.testing.assert_array_equal(np.asarray(sequences)[:, 0], greedy_sequences)
+    np.testing.assert_allclose(np.asarray(scores)[:, 0], greedy_scores, rtol=1e-5)
+
+
+def test_runs_compiled_with_xla_and_with_tensor_arguments():
+    tables = random_prefix_tables(2, 9, seed=4)
+    expected = run(PrefixScript(tables), [0, 1], 3, 0.6, 6)
+    script = PrefixScript(tables)
+
+    @tf.function(jit_compile=True)
+    def compiled():
+        return beam_search(script, tf.fill([2], BOS), script.initial_cache([0, 1]), 3, 0.6,
+                           6, eos_id=EOS)
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32),
+                                  tf.TensorSpec([], tf.int32)])
+    def dynamic(beam_size, alpha, max_length):
+        return beam_search(script, tf.fill([2], BOS), script.initial_cache([0, 1]),
+                           beam_size, alpha, max_length, eos_id=EOS)
+
+    for sequences, scores in (compiled(), dynamic(3, 0.6, 6)):
+        np.testing.assert_array_equal(sequences, expected[0])
+        np.testing.assert_allclose(scores, expected[1], rtol=1e-5)
+
+
+def test_scores_are_finite_with_masked_logits_and_a_tiny_beam_space():
+    tables = random_tables(2, 9, seed=5)
+    tables[..., 7] = -np.inf
+    sequences, scores = run(MarkovScript(tables), [0, 1], 4, 0.6, 5)
+    assert np.all(np.isfinite(scores))
+    assert 7 not in sequences
+
+
+def test_rejects_a_bad_beam_size():
+    script = MarkovScript(random_tables(1, 9, seed=0))
+    with pytest.raises(ValueError, match="beam_size"):
+        run(script, [0], 0, 0.6, 5)
