@@ -1,0 +1,56 @@
+"""Data-source registry: `--data <kind>:<location>` -> a dataset of
+`(source_text, target_text)` string pairs. TensorFlow-only module.
+
+    text:/data/multi30k            directory of <split>.<lang>[.gz] files
+    tfds:wmt14_translate/de-en     TensorFlow Datasets, by name/config
+
+A loader is `loader(location, split, src_lang, tgt_lang, **options) ->
+tf.data.Dataset of (tf.string [], tf.string [])`; add one with
+`register_source("kind", loader)` or by adding it to `SOURCES`.
+"""
+
+import itertools
+
+from keras_transformer.data.text_files import text_directory_source
+from keras_transformer.data.tfds_sources import tfds_source
+
+SOURCES = {
+    "text": text_directory_source,
+    "tfds": tfds_source,
+}
+
+
+def register_source(kind, loader):
+    """Makes `--data <kind>:<location>` call `loader`."""
+    if not callable(loader):
+        raise TypeError(f"The loader for {kind!r} must be callable, received {loader!r}.")
+    SOURCES[kind] = loader
+
+
+def parse_spec(spec):
+    """`"kind:location"` -> `(kind, location)`; `"kind"` -> `(kind, "")`."""
+    kind, _, location = spec.partition(":")
+    if kind not in SOURCES:
+        raise ValueError(
+            f"Unknown data source {kind!r} in {spec!r}; expected `<kind>:<location>` with "
+            f"kind one of {sorted(SOURCES)} (e.g. `text:/data/multi30k`, "
+            "`tfds:wmt14_translate/de-en`)."
+        )
+    return kind, location
+
+
+def load_pairs(spec, split, src_lang, tgt_lang, **options):
+    """The `(source_text, target_text)` dataset of `split` from source `spec`."""
+    kind, location = parse_spec(spec)
+    return SOURCES[kind](location, split, src_lang, tgt_lang, **options)
+
+
+def sentences_for_vocabulary(pairs, max_pairs=None):
+    """Python strings of both sides of the first `max_pairs` pairs, for
+    training the shared subword vocabulary."""
+    iterator = pairs.as_numpy_iterator()
+    if max_pairs:
+        iterator = itertools.islice(iterator, max_pairs)
+    for source, target in iterator:
+        yield source.decode("utf-8")
+        yield target.decode("utf-8")

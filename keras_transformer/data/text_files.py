@@ -1,0 +1,141 @@
+"""Parallel text files: one sentence per line, source and target files line
+by line aligned, optionally gzipped. TensorFlow-only module.
+
+The files are checked once in Python (each line must decode as UTF-8, both
+files must exist, be non-empty and have the same number of lines), with
+errors naming the file and the line; the dataset itself then streams them
+with `tf.data.TextLineDataset`, so corpora larger than memory work.
+
+A directory of such files (the Multi30k layout)::
+
+    train.en.gz  train.de.gz  val.en.gz  val.de.gz  test_2016_flickr.en.gz ...
+
+is read with `text_directory_source(directory, split, src_lang, tgt_lang)`,
+where `split` is a file prefix (`train`, `val`, `test_2016_flickr`) or one of
+the generic names `train`, `validation`, `test` (see `SPLIT_ALIASES`).
+"""
+
+import gzip
+import os
+
+import tensorflow as tf
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+# Generic split names -> file prefixes tried in order.
+SPLIT_ALIASES = {
+    "train": ("train",),
+    "validation": ("validation", "valid", "val", "dev"),
+    "test": ("test", "test_2016_flickr", "test2016"),
+}
+
+
+class TextFileError(ValueError):
+    """A parallel text file is missing, empty, undecodable or misaligned."""
+
+
+def is_gzipped(path):
+    """True when `path` starts with the gzip magic bytes (whatever its name)."""
+    with open(path, "rb") as f:
+        return f.read(2) == GZIP_MAGIC
+
+
+def _open_binary(path):
+    return gzip.open(path, "rb") if is_gzipped(path) else open(path, "rb")
+
+
+def count_lines(path):
+    """Number of lines of a (possibly gzipped) UTF-8 text file.
+
+    Raises `TextFileError` naming the file (and the line, 1-based) when it is
+    missing, empty, not valid gzip, or a line is not valid UTF-8.
+    """
+    if not os.path.isfile(path):
+        raise TextFileError(f"{path}: no such file.")
+    count = 0
+    try:
+        with _open_binary(path) as f:
+            for count, line in enumerate(f, start=1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise TextFileError(
+                        f"{path}, line {count}: not valid UTF-8 ({e.reason} at byte "
+                        f"{e.start}: {line[max(0, e.start - 10):e.start + 10]!r}). Expected "
+                        "UTF-8 text, one sentence per line."
+                    ) from None
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError.
+        raise TextFileError(f"{path}: cannot be read as a text or gzip file ({e}).") from None
+    if count == 0:
+        raise TextFileError(f"{path}: the file is empty; expected one sentence per line.")
+    return count
+
+
+def validate_parallel_files(source_path, target_path):
+    """Checks both files and that they are aligned; returns the line count."""
+    source_lines = count_lines(source_path)
+    target_lines = count_lines(target_path)
+    if source_lines != target_lines:
+        raise TextFileError(
+            f"Parallel files have different line counts: {source_path} has "
+            f"{source_lines} lines, {target_path} has {target_lines}; line "
+            f"{min(source_lines, target_lines) + 1} has no counterpart. Expected one "
+            "sentence per line, aligned line by line."
+        )
+    return source_lines
+
+
+def _line_dataset(path):
+    compression = "GZIP" if is_gzipped(path) else ""
+    return tf.data.TextLineDataset(path, compression_type=compression)
+
+
+def parallel_text_dataset(source_path, target_path, validate=True):
+    """`(source_text, target_text)` pairs from two aligned text files.
+
+    Args:
+        source_path, target_path: plain or gzipped UTF-8 files, one sentence
+            per line (gzip is detected from the content, not the name).
+        validate: check the files first (see `validate_parallel_files`).
+
+    Returns: a `tf.data.Dataset` of `(tf.string [], tf.string [])`; trailing
+    `\\r` (Windows line ends) is stripped.
+    """
+    if validate:
+        validate_parallel_files(source_path, target_path)
+
+    def strip_cr(line):
+        return tf.strings.regex_replace(line, "\r$", "")
+
+    return tf.data.Dataset.zip(
+        _line_dataset(source_path).map(strip_cr), _line_dataset(target_path).map(strip_cr)
+    )
+
+
+def find_split_file(directory, split, lang):
+    """The file for `split` and language `lang` in `directory`:
+    `<prefix>.<lang>` or `<prefix>.<lang>.gz` for the first matching prefix of
+    `split` (itself, then its `SPLIT_ALIASES`)."""
+    if not os.path.isdir(directory):
+        raise TextFileError(f"{directory}: no such directory of parallel text files.")
+    prefixes = (split,) + tuple(p for p in SPLIT_ALIASES.get(split, ()) if p != split)
+    for prefix in prefixes:
+        for name in (f"{prefix}.{lang}", f"{prefix}.{lang}.gz"):
+            path = os.path.join(directory, name)
+            if os.path.isfile(path):
+                return path
+    available = sorted(n for n in os.listdir(directory) if not n.startswith("."))
+    raise TextFileError(
+        f"No file for split {split!r}, language {lang!r} in {directory}: tried "
+        f"{[f'{p}.{lang}[.gz]' for p in prefixes]}; found {available}."
+    )
+
+
+def text_directory_source(directory, split, src_lang, tgt_lang, validate=True, **unused):
+    """`(source_text, target_text)` pairs of one split of a directory of
+    parallel files named `<split>.<lang>[.gz]` (e.g. Multi30k)."""
+    return parallel_text_dataset(
+        find_split_file(directory, split, src_lang),
+        find_split_file(directory, split, tgt_lang),
+        validate=validate,
+    )

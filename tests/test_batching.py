@@ -1,0 +1,76 @@
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer.data import batching
+from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
+
+WORDS = "the a dog cat house runs sees big small red blue green old new man woman boat".split()
+
+
+def corpus(n, seed=0, max_words=40):
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for _ in range(n):
+        k = int(rng.integers(1, max_words))
+        pairs.append((" ".join(rng.choice(WORDS, k)), " ".join(rng.choice(WORDS, int(rng.integers(1, max_words))))))
+    return pairs
+
+
+@pytest.fixture
+def tokenizer():
+    # Function scope: the autouse seeding fixture destroys eager resources.
+    text = [s for pair in corpus(200, seed=9) for s in pair]
+    return SubwordTokenizer(train_sentencepiece(text, vocab_size=400))
+
+
+def as_dataset(pairs):
+    return tf.data.Dataset.from_tensor_slices(([s for s, _ in pairs], [t for _, t in pairs]))
+
+
+def test_bucket_boundaries_and_sizes():
+    boundaries = batching.bucket_boundaries(50, min_boundary=8, growth=1.5)
+    assert boundaries == [8, 12, 18, 27, 40, 51]
+    assert batching.bucket_batch_sizes(boundaries, 100) == [14, 9, 5, 3, 2, 2, 1]
+    with pytest.raises(ValueError, match=r"`batch_tokens` \(30\) must be at least .* \(50\)"):
+        batching.bucket_batch_sizes(boundaries, 30)
+
+
+def test_batches_respect_the_budget_and_every_pair_is_counted(tokenizer):
+    pairs = corpus(300)
+    max_length, budget = 24, 128
+    source_lengths = tokenizer.tokenize(tf.constant([s for s, _ in pairs])).row_lengths() + 1
+    target_lengths = tokenizer.tokenize(tf.constant([t for _, t in pairs])).row_lengths() + 1
+    expected_kept = [pair for pair, ns, nt in zip(pairs, source_lengths, target_lengths)
+                     if max(ns, nt) <= max_length]
+    assert 0 < len(expected_kept) < len(pairs)  # the test exercises both outcomes
+
+    length_filter = batching.LengthFilter(max_length)
+    dataset = batching.token_batches(as_dataset(pairs), tokenizer, budget, max_length,
+                                     length_filter, shuffle_buffer=64, seed=3)
+    seen, sizes = [], set()
+    pad, bos, eos = tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
+    for (source, target_in), target_out in dataset.as_numpy_iterator():
+        assert source.dtype == target_in.dtype == target_out.dtype == np.int32
+        assert source.size <= budget and target_out.size <= budget
+        assert source.shape[1] <= max_length and target_out.shape[1] <= max_length
+        assert target_in.shape == target_out.shape
+        sizes.add(source.shape[0])
+        for s, ti, to in zip(source, target_in, target_out):
+            s, ti, to = s[s != pad], ti[ti != pad], to[to != pad]
+            assert s[-1] == eos and to[-1] == eos and ti[0] == bos
+            np.testing.assert_array_equal(ti[1:], to[:-1])  # shifted right behind bos
+        texts = zip(tokenizer.detokenize(source).numpy(), tokenizer.detokenize(target_out).numpy())
+        seen += [(s.decode(), t.decode()) for s, t in texts]
+    assert len(sizes) > 1  # different lengths, different sentence counts
+    assert sorted(seen) == sorted(expected_kept)
+    counts = length_filter.counts()
+    assert counts == {"kept": len(expected_kept), "dropped": len(pairs) - len(expected_kept)}
+
+
+def test_length_filter_must_match_and_be_outside_a_strategy(tokenizer):
+    with pytest.raises(ValueError, match="differs"):
+        batching.token_batches(as_dataset(corpus(4)), tokenizer, 64, 16, batching.LengthFilter(20))
+    with tf.distribute.OneDeviceStrategy("CPU:0").scope():
+        with pytest.raises(RuntimeError, match="outside `strategy.scope"):
+            batching.LengthFilter(16)
