@@ -11,7 +11,9 @@ from keras_transformer.layers.position_encoding import (
     SinusoidalPositionEncoding,
 )
 
-POSITION_ENCODINGS = ("sinusoidal", "learned")
+# "none" exists for ablations only: without positions the encoder is
+# permutation-equivariant and cannot use word order.
+POSITION_ENCODINGS = ("sinusoidal", "learned", "none")
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -73,7 +75,8 @@ class PositionalEmbedding(keras.layers.Layer):
     Args:
         token_embedding: a `TokenEmbedding`, possibly shared with another
             `PositionalEmbedding` (source/target sharing, section 3.4).
-        position_encoding: "sinusoidal" (3.5) or "learned" (Table 3 row E).
+        position_encoding: "sinusoidal" (3.5), "learned" (Table 3 row E), or
+            "none" (an ablation: no word-order information).
         max_length: size of the learned table (ignored for sinusoidal).
         dropout: P_drop on the sum (5.4).
 
@@ -104,7 +107,9 @@ class PositionalEmbedding(keras.layers.Layer):
         self.position_encoding = position_encoding
         self.max_length = max_length
         self.dropout = dropout
-        if position_encoding == "sinusoidal":
+        if position_encoding == "none":
+            self.positions = None
+        elif position_encoding == "sinusoidal":
             self.positions = SinusoidalPositionEncoding(
                 dtype=self.dtype_policy, name="positions"
             )
@@ -118,12 +123,14 @@ class PositionalEmbedding(keras.layers.Layer):
     def build(self, ids_shape):
         if not self.token_embedding.built:
             self.token_embedding.build(ids_shape)
-        self.positions.build(tuple(ids_shape) + (self.token_embedding.d_model,))
+        if self.positions is not None:
+            self.positions.build(tuple(ids_shape) + (self.token_embedding.d_model,))
         self.built = True
 
     def call(self, ids, start_index=0, training=None):
         x = self.token_embedding(ids)
-        x = x + ops.expand_dims(self.positions(x, start_index=start_index), 0)
+        if self.positions is not None:
+            x = x + ops.expand_dims(self.positions(x, start_index=start_index), 0)
         return self.embedding_dropout(x, training=training)
 
     def get_config(self):
