@@ -1,0 +1,9 @@
+"""Translating and exporting: the `Translator` module, SavedModel export in
+TF Serving's layout, and a REST client. TensorFlow-only package."""
+
+from keras_transformer.export.saved_model import export_translator, load_translator
+from keras_transformer.export.translator import (
+    Translator,
+    translate_in_batches,
+    translator_from_run_directory,
+)

@@ -1,0 +1,134 @@
+"""SavedModel export in the layout TF Serving watches, and loading it back.
+TensorFlow-only module.
+
+Layout::
+
+    <output_dir>/<name>/<version>/      version = 1, 2, 3, ... (next integer)
+        saved_model.pb                  signatures: serving_default,
+        variables/                        translate_with_options, translate_ids
+        assets.extra/translator.json    config, decoding defaults, input rules
+
+The version directory is written under a temporary name in `<output_dir>`
+(outside the `<name>/` directory a server watches) and renamed into place,
+so a server never sees half a model.
+"""
+
+import json
+import os
+import re
+import shutil
+import tempfile
+
+import tensorflow as tf
+
+from keras_transformer.export.translator import metadata_json, translate_in_batches
+
+METADATA_FILE = os.path.join("assets.extra", "translator.json")
+
+
+def versions(model_dir):
+    """The integer version directories under `model_dir`, sorted."""
+    if not os.path.isdir(model_dir):
+        return []
+    return sorted(
+        int(entry) for entry in os.listdir(model_dir)
+        if re.fullmatch(r"[0-9]+", entry) and os.path.isdir(os.path.join(model_dir, entry))
+    )
+
+
+def export_translator(translator, output_dir="saved_models", name="transformer",
+                      version=None):
+    """Writes `translator` as `<output_dir>/<name>/<version>/` atomically.
+
+    Args:
+        translator: a `Translator`.
+        output_dir: the directory a TF Serving model config points into.
+        name: the model name (TF Serving's `MODEL_NAME`).
+        version: an int; default one more than the largest existing.
+
+    Returns: the path of the new version directory.
+    """
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise ValueError(
+            f"`name` must be letters, digits, '_', '.', '-', received {name!r}."
+        )
+    model_dir = os.path.join(os.path.abspath(output_dir), name)
+    os.makedirs(model_dir, exist_ok=True)
+    if version is None:
+        version = (versions(model_dir) or [0])[-1] + 1
+    if not isinstance(version, int) or version < 0:
+        raise ValueError(f"`version` must be a non-negative int, received {version!r}.")
+    final = os.path.join(model_dir, str(version))
+    if os.path.exists(final):
+        raise FileExistsError(f"{final} exists; versions are never overwritten.")
+    tmp = tempfile.mkdtemp(dir=os.path.dirname(model_dir), prefix=f".tmp-{name}-{version}-")
+    try:
+        tf.saved_model.save(translator, tmp, signatures=translator.signatures())
+        os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
+        with open(os.path.join(tmp, METADATA_FILE), "w", encoding="utf-8") as f:
+            f.write(metadata_json(translator))
+        os.rename(tmp, final)  # fails if another export took this version
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def read_metadata(path):
+    """`assets.extra/translator.json` of an exported version directory."""
+    with open(os.path.join(path, METADATA_FILE), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def resolve_version(path):
+    """`path` itself if it holds a `saved_model.pb`, else its newest integer
+    version subdirectory (so `saved_models/<name>` works too)."""
+    if os.path.exists(os.path.join(path, "saved_model.pb")):
+        return path
+    found = versions(path)
+    if not found:
+        raise FileNotFoundError(
+            f"No SavedModel at {path}: expected saved_model.pb or <version>/saved_model.pb."
+        )
+    return os.path.join(path, str(found[-1]))
+
+
+class SavedModelTranslator:
+    """An exported translator loaded back (needs only TensorFlow and
+    tensorflow-text), with `Translator.translate`'s interface."""
+
+    def __init__(self, path):
+        import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
+
+        self.path = resolve_version(path)
+        self.loaded = tf.saved_model.load(self.path)
+        self.metadata = read_metadata(self.path)
+
+    def translate(self, sentences, beam_size=None, alpha=None, extra_length=None,
+                  batch_size=32):
+        """As `Translator.translate`: `(list of str, list of float)`."""
+        if beam_size is None and alpha is None and extra_length is None:
+            serve = self.loaded.signatures["serving_default"]
+
+            def run(batch):
+                return serve(text=batch)
+        else:
+            serve = self.loaded.signatures["translate_with_options"]
+            m = self.metadata
+            options = dict(
+                beam_size=tf.constant(m["beam_size"] if beam_size is None else beam_size,
+                                      tf.int32),
+                alpha=tf.constant(m["alpha"] if alpha is None else alpha, tf.float32),
+                extra_length=tf.constant(
+                    m["extra_length"] if extra_length is None else extra_length, tf.int32
+                ),
+            )
+
+            def run(batch):
+                return serve(text=batch, **options)
+        return translate_in_batches(run, sentences, batch_size)
+
+
+def load_translator(path):
+    """A `SavedModelTranslator` for `<dir>/<version>` or `<dir>` (newest)."""
+    return SavedModelTranslator(path)

@@ -1,0 +1,236 @@
+"""The exported translator: same answers in a fresh process that imports only
+tensorflow and tensorflow_text, only stock ops, each variable once, defined
+outputs for bad input."""
+
+import base64
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_transformer as kt
+from keras_transformer.export import Translator, export_translator
+from keras_transformer.export.saved_model import read_metadata, versions
+from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
+from test_tokenizer import CORPUS
+
+MAX_LENGTH = 20
+SENTENCES = ["A man rides his bike across the bridge.", "Two dogs", "Die Mädchen."]
+LONG = "The girls cross the street while it snows. " * 12
+BAD = ["", "  \t\n ", LONG, b"caf\xc3 \xff\xfe ok", "Two dogs"]
+FRESH = """
+import base64, json, sys
+import tensorflow as tf
+import tensorflow_text  # registers the SentencePiece ops
+from tensorflow.core.protobuf import saved_model_pb2
+from tensorflow.python.framework import op_def_registry
+
+request = json.loads(sys.stdin.read())
+texts = lambda key: tf.constant([base64.b64decode(t) for t in request[key]])
+loaded = tf.saved_model.load(request["path"])
+sig = loaded.signatures
+out = {}
+for key in ("sentences", "bad"):
+    r = sig["serving_default"](text=texts(key))
+    out[key] = {"translation": [base64.b64encode(t).decode() for t in r["translation"].numpy()],
+                "score": r["score"].numpy().tolist()}
+r = sig["translate_with_options"](text=texts("sentences"), beam_size=tf.constant(2),
+                                  alpha=tf.constant(0.0), extra_length=tf.constant(3))
+out["options"] = {"translation": [t.decode() for t in r["translation"].numpy()],
+                  "score": r["score"].numpy().tolist()}
+for key in ("ids", "long_ids", "truncated_ids"):
+    r = sig["translate_ids"](source_ids=tf.constant(request[key], tf.int32))
+    out[key] = {"ids": r["translation_ids"].numpy().tolist(), "score": r["score"].numpy().tolist()}
+r = sig["serving_default"](text=tf.constant([], tf.string))
+out["empty_batch"] = r["translation"].shape.as_list()
+try:
+    sig["translate_with_options"](text=texts("sentences"), beam_size=tf.constant(0),
+                                  alpha=tf.constant(0.6), extra_length=tf.constant(5))
+    out["bad_beam"] = None
+except tf.errors.InvalidArgumentError as e:
+    out["bad_beam"] = e.message
+proto = saved_model_pb2.SavedModel()
+with open(request["path"] + "/saved_model.pb", "rb") as f:
+    proto.ParseFromString(f.read())
+ops = set()
+for graph in proto.meta_graphs:
+    ops |= {node.op for node in graph.graph_def.node}
+    for function in graph.graph_def.library.function:
+        ops |= {node.op for node in function.node_def}
+out["ops"] = sorted(ops)
+out["unregistered"] = sorted(op for op in ops if op_def_registry.get(op) is None)
+out["our_modules"] = sorted(m for m in sys.modules if m.startswith("keras_transformer"))
+print(json.dumps(out))
+"""
+
+
+def as_bytes(text):
+    return text.encode("utf-8") if isinstance(text, str) else text
+
+
+def b64(texts):
+    return [base64.b64encode(as_bytes(t)).decode() for t in texts]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """Builds, uses in-process and exports one tiny translator. Everything
+    in-process is computed here: the per-test seeding destroys the
+    tokenizer's eager resource."""
+    tokenizer = SubwordTokenizer(train_sentencepiece(CORPUS, vocab_size=400))
+    config = kt.get_config("tiny", vocab_size=tokenizer.vocab_size, dropout=0.0,
+                           max_length=MAX_LENGTH)
+    model = kt.Transformer(config)
+    model.build()
+    translator = Translator(model, tokenizer, beam_size=3, alpha=0.6, extra_length=4)
+    long_tokens = tokenizer.tokenize(tf.constant([LONG])).to_list()[0]
+    ids = tokenizer.tokenize(tf.constant(SENTENCES)).to_tensor().numpy()
+    result = {
+        "sentences": translator.translate(SENTENCES),
+        "bad": translator.translate(BAD),
+        "options": translator.translate(SENTENCES, beam_size=2, alpha=0.0, extra_length=3),
+        "ids": translator.serve_ids(tf.constant(ids)),
+        "replaced": translator.translate(["caf\ufffd \ufffd\ufffd ok"]),
+        "num_weights": len({id(w.value) for w in model.weights}),
+        "weight_shapes": sorted(tuple(w.shape) for w in model.weights),
+        "long_tokens": long_tokens,
+        "ids_input": ids.tolist(),
+    }
+    result["path"] = export_translator(
+        translator, str(tmp_path_factory.mktemp("saved_models")), name="tiny"
+    )
+    return result
+
+
+@pytest.fixture(scope="module")
+def fresh(exported):
+    long = exported["long_tokens"]
+    request = {
+        "path": exported["path"], "sentences": b64(SENTENCES), "bad": b64(BAD),
+        "ids": exported["ids_input"], "long_ids": [long],
+        "truncated_ids": [long[: MAX_LENGTH - 1]],
+    }
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, "-c", FRESH], input=json.dumps(request),
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def decoded(out):
+    return [base64.b64decode(t).decode("utf-8") for t in out["translation"]]
+
+
+def test_a_fresh_process_gets_the_in_process_translations(exported, fresh):
+    assert fresh["our_modules"] == []
+    translations, scores = exported["sentences"]
+    assert decoded(fresh["sentences"]) == translations
+    np.testing.assert_allclose(fresh["sentences"]["score"], scores, rtol=1e-5, atol=1e-5)
+    translations, scores = exported["options"]
+    assert fresh["options"]["translation"] == translations
+    np.testing.assert_allclose(fresh["options"]["score"], scores, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(fresh["ids"]["ids"], exported["ids"]["translation_ids"])
+    np.testing.assert_allclose(fresh["ids"]["score"], exported["ids"]["score"], rtol=1e-5)
+    assert all(t for t in translations)  # something was decoded
+
+
+def test_bad_inputs_in_one_batch_through_the_saved_model(exported, fresh):
+    translations = decoded(fresh["bad"])  # strict UTF-8 decoding: always valid
+    scores = fresh["bad"]["score"]
+    assert all(math.isfinite(s) and s <= 0 for s in scores)
+    assert translations[:2] == ["", ""] and scores[:2] == [0.0, 0.0]  # empty, whitespace
+    assert translations[2] and scores[2] < 0  # truncated, still translated
+    assert translations[3] == exported["replaced"][0][0]  # invalid bytes -> U+FFFD
+    assert translations[4] == decoded(fresh["sentences"])[1]  # "Two dogs", batch-independent
+    assert translations == exported["bad"][0]
+    assert fresh["empty_batch"] == [0]
+    assert "beam_size must be between 1 and" in fresh["bad_beam"]
+
+
+def test_long_sources_are_truncated_as_documented(exported, fresh):
+    assert len(exported["long_tokens"]) > MAX_LENGTH
+    assert fresh["long_ids"] == fresh["truncated_ids"]
+
+
+def test_every_op_is_registered_by_tensorflow_or_tensorflow_text(fresh):
+    assert fresh["unregistered"] == []
+    assert {"SentencepieceOp", "SentencepieceTokenizeOp", "SentencepieceDetokenizeOp",
+            "While", "TopKV2"} <= set(fresh["ops"])
+    forbidden = [op for op in fresh["ops"]
+                 if op.startswith("Xla") or op in ("PyFunc", "EagerPyFunc", "PyFuncStateless")]
+    assert forbidden == []
+
+
+def test_each_variable_is_stored_once(exported):
+    stored = [(name, shape) for name, shape in
+              tf.train.list_variables(os.path.join(exported["path"], "variables", "variables"))
+              if name.endswith("VARIABLE_VALUE")]
+    assert len(stored) == exported["num_weights"]
+    assert sorted(tuple(shape) for _, shape in stored) == exported["weight_shapes"]
+
+
+def test_saved_model_cli_lists_the_signatures(exported):
+    cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+    done = subprocess.run([cli, "show", "--dir", exported["path"], "--all"],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    for name in ("serving_default", "translate_with_options", "translate_ids",
+                 "inputs['text']", "outputs['translation']", "outputs['score']"):
+        assert name in done.stdout
+
+
+def test_metadata_records_the_decoding_defaults(exported):
+    metadata = read_metadata(exported["path"])
+    assert (metadata["beam_size"], metadata["alpha"], metadata["extra_length"]) == (3, 0.6, 4)
+    assert metadata["max_source_tokens"] == MAX_LENGTH - 1
+    assert metadata["config"]["max_length"] == MAX_LENGTH
+
+
+class _Tiny(tf.Module):
+    """The smallest thing `export_translator` can write."""
+
+    def __init__(self, fail=False):
+        super().__init__()
+        self.v = tf.Variable(1.0)
+        self.fail = fail
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def serve(self, text):
+        return {"translation": text, "score": tf.zeros_like(text, tf.float32) + self.v}
+
+    def signatures(self):
+        if self.fail:
+            raise RuntimeError("export interrupted")
+        return {"serving_default": self.serve.get_concrete_function()}
+
+    def metadata(self):
+        return {"beam_size": 1}
+
+
+def test_versions_are_next_integers_written_atomically(tmp_path):
+    first = export_translator(_Tiny(), str(tmp_path), name="m")
+    second = export_translator(_Tiny(), str(tmp_path), name="m")
+    assert [os.path.basename(first), os.path.basename(second)] == ["1", "2"]
+    with pytest.raises(RuntimeError, match="interrupted"):
+        export_translator(_Tiny(fail=True), str(tmp_path), name="m")
+    assert versions(str(tmp_path / "m")) == [1, 2]
+    assert sorted(os.listdir(tmp_path)) == ["m"]  # no temporary directory left
+    assert sorted(os.listdir(tmp_path / "m")) == ["1", "2"]
+    with pytest.raises(FileExistsError):
+        export_translator(_Tiny(), str(tmp_path), name="m", version=2)
+    with pytest.raises(ValueError, match="name"):
+        export_translator(_Tiny(), str(tmp_path), name="../escape")
+
+
+def test_rejects_a_tokenizer_that_is_not_the_models():
+    tokenizer = SubwordTokenizer(train_sentencepiece(CORPUS, vocab_size=400))
+    config = kt.get_config("tiny", vocab_size=tokenizer.vocab_size, eos_id=5)
+    model = kt.Transformer(config)
+    with pytest.raises(ValueError, match="eos_id"):
+        Translator(model, tokenizer)
