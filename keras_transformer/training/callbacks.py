@@ -1,0 +1,193 @@
+"""Training callbacks: stop at a step, TensorBoard scalars and throughput,
+the evaluation hook, and a per-update learning-rate schedule wrapper."""
+
+import time
+
+import keras
+import tensorflow as tf
+
+from keras_transformer.training.checkpoints import optimizer_step
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TargetTokens(keras.metrics.Sum):
+    """Number of real (non-padding) target tokens seen, summed over replicas.
+
+    Inputs: `y_true (batch, tgt_len)` ids; `y_pred` is ignored.
+    """
+
+    def __init__(self, pad_id=0, name="target_tokens", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.pad_id = pad_id
+
+    def update_state(self, y_true, y_pred=None, sample_weight=None):
+        real = keras.ops.cast(keras.ops.not_equal(y_true, self.pad_id), "float32")
+        return super().update_state(keras.ops.sum(real))
+
+    def get_config(self):
+        return {**super().get_config(), "pad_id": self.pad_id}
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class PerUpdateSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Evaluates `schedule` at the update count under gradient accumulation.
+
+    Keras optimizers call the schedule with their micro-batch counter, which
+    runs `accumulation_steps` times faster than the updates; the paper's
+    schedule is per update.
+    """
+
+    def __init__(self, schedule, accumulation_steps):
+        if isinstance(schedule, dict):
+            schedule = keras.saving.deserialize_keras_object(schedule)
+        self.schedule = schedule
+        self.accumulation_steps = accumulation_steps
+
+    def __call__(self, step):
+        return self.schedule(keras.ops.floor_divide(step, self.accumulation_steps))
+
+    def get_config(self):
+        return {"schedule": keras.saving.serialize_keras_object(self.schedule),
+                "accumulation_steps": self.accumulation_steps}
+
+
+class StopAtStep(keras.callbacks.Callback):
+    """Stops `fit` once the optimizer has applied `train_steps` updates."""
+
+    def __init__(self, train_steps):
+        super().__init__()
+        self.train_steps = train_steps
+
+    def on_train_batch_end(self, batch, logs=None):
+        if optimizer_step(self.model.optimizer) >= self.train_steps:
+            self.model.stop_training = True
+
+
+class TrainingLogger(keras.callbacks.Callback):
+    """Writes TensorBoard scalars keyed by the optimizer step (so a resumed
+    run continues its curves): training loss, learning rate, target tokens/s
+    every `every_steps` updates; validation metrics at each epoch end; and,
+    when a `LengthFilter` is given, the pairs kept and dropped for length.
+
+    Args:
+        log_dir: TensorBoard directory (None: print only).
+        every_steps: logging interval in updates.
+        length_filter: the training pipeline's `LengthFilter`, or None.
+        tokens_metric: name of the `TargetTokens` metric in the logs.
+    """
+
+    def __init__(self, log_dir, every_steps=100, length_filter=None,
+                 tokens_metric="target_tokens"):
+        super().__init__()
+        self.writer = tf.summary.create_file_writer(log_dir) if log_dir else None
+        self.every_steps = max(1, every_steps)
+        self.length_filter = length_filter
+        self.tokens_metric = tokens_metric
+        self.last_step = None
+        self.last_time = None
+        self.last_tokens = 0.0
+        self.tokens_per_second = None
+
+    def _scalars(self, values, step):
+        if self.writer is None:
+            return
+        with self.writer.as_default(step=step):
+            for name, value in values.items():
+                tf.summary.scalar(name, value)
+        self.writer.flush()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.last_tokens = 0.0  # Keras resets metrics every epoch.
+        self.last_time = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        logs = logs or {}
+        step = optimizer_step(self.model.optimizer)
+        if self.last_step is None:
+            self.last_step = step
+        if step - self.last_step < self.every_steps:
+            return
+        now = time.perf_counter()
+        tokens = float(logs.get(self.tokens_metric, 0.0))
+        values = {}
+        if now > self.last_time and tokens >= self.last_tokens:
+            self.tokens_per_second = (tokens - self.last_tokens) / (now - self.last_time)
+            values["train/target_tokens_per_second"] = self.tokens_per_second
+        self.last_step, self.last_time, self.last_tokens = step, now, tokens
+        for name in ("loss", "accuracy"):
+            if name in logs:
+                values[f"train/{name}"] = float(logs[name])
+        values["train/learning_rate"] = float(
+            keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+        if self.length_filter is not None:
+            counts = self.length_filter.counts()
+            values["data/pairs_kept"] = counts["kept"]
+            values["data/pairs_dropped_too_long"] = counts["dropped"]
+        self._scalars(values, step)
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        step = optimizer_step(self.model.optimizer)
+        values = {f"validation/{k[4:]}": float(v) for k, v in logs.items()
+                  if k.startswith("val_") and k != f"val_{self.tokens_metric}"}
+        self._scalars(values, step)
+        if self.length_filter is not None:
+            counts = self.length_filter.counts()
+            total = counts["kept"] + counts["dropped"]
+            print(f"\nStep {step}: dropped {counts['dropped']} of {total} training pairs read "
+                  "so far for exceeding --max-length.", flush=True)
+
+
+class TranslationEvaluation(keras.callbacks.Callback):
+    """Translates held-out sentences every `every_steps` updates and logs
+    corpus BLEU (sacrebleu) to TensorBoard.
+
+    The decoder is not part of training: pass any `translate_fn(list of
+    source str) -> list of hypothesis str` (e.g. beam search over the model
+    being trained).
+
+    Args:
+        translate_fn: the decoder.
+        sources, references: lists of `str`, aligned.
+        every_steps: interval in optimizer updates.
+        log_dir: TensorBoard directory, or None.
+    """
+
+    def __init__(self, translate_fn, sources, references, every_steps, log_dir=None):
+        super().__init__()
+        if len(sources) != len(references):
+            raise ValueError(
+                f"{len(sources)} sources but {len(references)} references; they must align."
+            )
+        self.translate_fn = translate_fn
+        self.sources = list(sources)
+        self.references = list(references)
+        self.every_steps = every_steps
+        self.writer = tf.summary.create_file_writer(log_dir) if log_dir else None
+        self.last_step = None
+        self.history = []
+
+    def evaluate(self):
+        import sacrebleu
+
+        hypotheses = list(self.translate_fn(self.sources))
+        if len(hypotheses) != len(self.sources):
+            raise ValueError(
+                f"`translate_fn` returned {len(hypotheses)} translations for "
+                f"{len(self.sources)} sources."
+            )
+        return sacrebleu.corpus_bleu(hypotheses, [self.references]).score
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = optimizer_step(self.model.optimizer)
+        if self.last_step is None:
+            self.last_step = step
+        if step - self.last_step >= self.every_steps:
+            self.last_step = step
+            bleu = self.evaluate()
+            self.history.append((step, bleu))
+            print(f"\nStep {step}: BLEU {bleu:.2f}", flush=True)
+            if self.writer is not None:
+                with self.writer.as_default(step=step):
+                    tf.summary.scalar("validation/bleu", bleu)
+                self.writer.flush()

@@ -1,0 +1,87 @@
+"""Choosing the `tf.distribute` strategy and the precision policy."""
+
+import json
+import os
+
+import keras
+import tensorflow as tf
+
+STRATEGIES = ("one_device", "mirrored", "multi_worker_mirrored")
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+
+
+def split_cpu(num_devices):
+    """Splits the host CPU into `num_devices` logical devices (for testing
+    `MirroredStrategy` without GPUs). Must run before TensorFlow initialises
+    its devices."""
+    cpus = tf.config.list_physical_devices("CPU")
+    try:
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration()] * num_devices
+        )
+    except RuntimeError as e:
+        raise RuntimeError(
+            f"Cannot split the CPU into {num_devices} logical devices: TensorFlow is "
+            f"already initialised ({e}). Call this first thing in the program."
+        ) from None
+
+
+def make_strategy(name=None, logical_cpus=0):
+    """A `tf.distribute.Strategy`.
+
+    Args:
+        name: `one_device`, `mirrored` (every visible GPU; the logical CPUs
+            when `logical_cpus` > 1) or `multi_worker_mirrored` (the cluster in
+            `TF_CONFIG`). None: `mirrored` when more than one GPU is visible,
+            else `one_device`.
+        logical_cpus: split the CPU into this many devices first (testing).
+    """
+    if name is not None and name not in STRATEGIES:
+        raise ValueError(f"Unknown strategy {name!r}; expected one of {STRATEGIES}.")
+    if logical_cpus > 1:
+        split_cpu(logical_cpus)
+    if name == "multi_worker_mirrored":
+        if "TF_CONFIG" not in os.environ:
+            raise ValueError(
+                "--strategy multi_worker_mirrored needs TF_CONFIG, e.g. "
+                '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
+                '"task": {"type": "worker", "index": 0}} on the first worker.'
+            )
+        json.loads(os.environ["TF_CONFIG"])  # a clear JSON error early
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    gpus = tf.config.list_logical_devices("GPU")
+    if name is None:
+        name = "mirrored" if len(gpus) > 1 else "one_device"
+    if name == "mirrored":
+        if not gpus and logical_cpus > 1:
+            return tf.distribute.MirroredStrategy(
+                [d.name for d in tf.config.list_logical_devices("CPU")]
+            )
+        return tf.distribute.MirroredStrategy()
+    return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
+
+
+def is_chief(strategy):
+    """True on the worker that writes checkpoints, logs and the run directory."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.task_type:
+        return True
+    if resolver.task_type == "chief":
+        return True
+    has_chief = "chief" in resolver.cluster_spec().as_dict()
+    return resolver.task_type == "worker" and resolver.task_id == 0 and not has_chief
+
+
+def worker_id(strategy):
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.task_type:
+        return 0
+    return resolver.task_id
+
+
+def set_precision(precision):
+    """Sets the global Keras dtype policy (`float32`, `mixed_bfloat16`,
+    `mixed_float16`); call before building the model."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"Unknown precision {precision!r}; expected one of {PRECISIONS}.")
+    keras.config.set_dtype_policy(precision)

@@ -1,0 +1,33 @@
+"""Average the last K checkpoints of a run into run_dir/averaged/ (paper 6.1:
+5 for base, 20 for big). Evaluation and export then use the average."""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--run-dir", required=True, help="a run directory written by train.py")
+    p.add_argument("--num", type=int, default=5, help="how many of the newest checkpoints")
+    p.add_argument("--checkpoints", nargs="*", default=None,
+                   help="explicit checkpoint prefixes instead of the newest --num")
+    args = p.parse_args(argv)
+    from keras_transformer.training.checkpoints import average_checkpoints
+
+    try:
+        output, inputs = average_checkpoints(args.run_dir, args.num, args.checkpoints)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"Averaged {len(inputs)} checkpoints ({', '.join(os.path.basename(p) for p in inputs)}) "
+          f"into {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

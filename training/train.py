@@ -1,0 +1,15 @@
+"""Train the Transformer on a parallel corpus; run with --help.
+
+A thin command over `keras_transformer.training.trainer`.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from keras_transformer.training.trainer import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())
