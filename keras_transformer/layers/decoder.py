@@ -218,6 +218,12 @@ class Decoder(keras.layers.Layer):
             DecoderLayer(**self.layer_kwargs, dtype=self.dtype_policy, name=f"layer_{i}")
             for i in range(num_layers)
         ]
+        # Also as attributes: on TensorFlow, `tf.train.Checkpoint(model=...)`
+        # does not follow Keras's tracked lists (keras-team/keras#18398 is
+        # still open for checkpoints in Keras 3.15), so without these the
+        # stack's weights would be missing from every checkpoint.
+        for i, layer in enumerate(self.decoder_layers):
+            setattr(self, f"layer_{i}", layer)
         self.final_norm = (
             keras.layers.LayerNormalization(
                 epsilon=epsilon, dtype=self.dtype_policy, name="final_norm"
