@@ -1,7 +1,11 @@
 """Translating and exporting: the `Translator` module, SavedModel export in
 TF Serving's layout, and a REST client. TensorFlow-only package."""
 
-from keras_transformer.export.saved_model import export_translator, load_translator
+from keras_transformer.export.saved_model import (
+    export_translator,
+    load_translator,
+    open_translator,
+)
 from keras_transformer.export.translator import (
     Translator,
     translate_in_batches,

@@ -132,3 +132,21 @@ class SavedModelTranslator:
 def load_translator(path):
     """A `SavedModelTranslator` for `<dir>/<version>` or `<dir>` (newest)."""
     return SavedModelTranslator(path)
+
+
+def open_translator(run_dir=None, checkpoint=None, saved_model=None, **defaults):
+    """The translator a command line asked for: a `SavedModelTranslator` for
+    `saved_model`, else a `Translator` for `run_dir` (and `checkpoint`).
+    `defaults`: `Translator` decoding defaults (ignored for a SavedModel,
+    whose defaults were fixed at export; pass options to `translate`)."""
+    if (saved_model is None) == (run_dir is None):
+        raise ValueError("Give exactly one of a run directory or a SavedModel.")
+    if saved_model is not None:
+        if checkpoint is not None:
+            raise ValueError("`checkpoint` applies to a run directory, not a SavedModel.")
+        return load_translator(saved_model)
+    from keras_transformer.export.translator import translator_from_run_directory
+
+    return translator_from_run_directory(
+        run_dir, checkpoint, **{k: v for k, v in defaults.items() if v is not None}
+    )

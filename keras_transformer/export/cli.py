@@ -1,0 +1,76 @@
+"""Arguments and I/O shared by `training/translate.py`, `training/evaluate.py`
+and `training/export.py`. TensorFlow-only module."""
+
+import gzip
+import sys
+
+from keras_transformer.decoding import DEFAULT_ALPHA, DEFAULT_BEAM_SIZE, DEFAULT_EXTRA_LENGTH
+
+
+def add_model_arguments(parser, saved_model=True):
+    """`--run-dir`/`--checkpoint` (and `--saved-model`) to choose a model."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run-dir", help="a run directory (config.json, vocab.model, "
+                        "checkpoints/; its averaged checkpoint is preferred)")
+    if saved_model:
+        source.add_argument("--saved-model", help="an exported SavedModel: "
+                            "saved_models/<name>/<version>, or saved_models/<name> (newest)")
+    parser.add_argument("--checkpoint", help="with --run-dir: a checkpoint prefix "
+                        "(e.g. runs/x/checkpoints/ckpt-12000) instead of the latest")
+
+
+def add_decoding_arguments(parser, defaults_from_model=False):
+    note = " (default: the SavedModel's, else %(default)s)" if defaults_from_model else ""
+    parser.add_argument("--beam-size", type=int, default=None if defaults_from_model
+                        else DEFAULT_BEAM_SIZE, help="beam width; paper: 4" + note)
+    parser.add_argument("--alpha", type=float, default=None if defaults_from_model
+                        else DEFAULT_ALPHA,
+                        help="length penalty exponent, ((5+len)/6)**alpha; paper: 0.6" + note)
+    parser.add_argument("--extra-length", type=int, default=None if defaults_from_model
+                        else DEFAULT_EXTRA_LENGTH,
+                        help="output may be this many tokens longer than the input; "
+                        "paper: 50" + note)
+
+
+def open_from_args(args):
+    """The translator `args` name (see `open_translator`)."""
+    from keras_transformer.export.saved_model import open_translator
+
+    return open_translator(
+        run_dir=args.run_dir, checkpoint=args.checkpoint,
+        saved_model=getattr(args, "saved_model", None),
+        beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length,
+    )
+
+
+def decoding_options(args, translator):
+    """Per-call options for a SavedModel (None: its export defaults); a
+    run-directory translator was built with them already."""
+    from keras_transformer.export.saved_model import SavedModelTranslator
+
+    if isinstance(translator, SavedModelTranslator):
+        return dict(beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length)
+    return {}
+
+
+def read_lines(path):
+    """Lines of `path` (`-`: stdin; `.gz`: gunzipped) as bytes, without
+    their line ending. Bytes, so undecodable input reaches the translator's
+    U+FFFD rule instead of failing here."""
+    if path in (None, "-"):
+        data = sys.stdin.buffer.read()
+    elif path.endswith(".gz"):
+        with gzip.open(path, "rb") as f:
+            data = f.read()
+    else:
+        with open(path, "rb") as f:
+            data = f.read()
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+
+
+def one_line(text):
+    """A translation on one output line (line breaks become spaces)."""
+    return text.replace("\r", " ").replace("\n", " ")
