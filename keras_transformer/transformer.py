@@ -183,7 +183,33 @@ class Transformer(keras.Model):
             weights = real_token_weights(y, self.config.pad_id, sample_weight)
             total_tokens, replicas = distribute.sum_over_replicas(ops.sum(weights))
             sample_weight = normalizing_weights(weights, total_tokens, replicas)
+            loss = super().compute_loss(x, y, y_pred, sample_weight, training)
+            if replicas > 1:
+                # Keras's loss tracker averages the replicas' values weighted
+                # by their batch sizes, which misreports token-bucketed
+                # batches; report the global value from every replica. The
+                # gradient is unchanged (stop_gradient).
+                global_loss, _ = distribute.sum_over_replicas(loss)
+                loss = loss + ops.stop_gradient(global_loss / replicas - loss)
+            return loss
         return super().compute_loss(x, y, y_pred, sample_weight, training)
+
+    def train_step(self, data):
+        return distribute.multi_worker_safe_logs(super().train_step(data))
+
+    def test_step(self, data):
+        return distribute.multi_worker_safe_logs(super().test_step(data))
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Keras 3.15 on TF builds the compiled metrics from the first batch
+        # of a distributed dataset averaged over replicas, which fails when
+        # replicas hold token-bucketed batches of different shapes. Only
+        # shapes and dtypes matter there: build from one replica's batch.
+        if iterator is not None and data_batch is None:
+            data_batch = distribute.first_replica_batch(iterator)
+            if data_batch is not None:
+                iterator = None
+        return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
     def get_config(self):
         return {**super().get_config(), "config": self.config.to_dict()}

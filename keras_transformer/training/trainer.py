@@ -229,6 +229,10 @@ def train(args, translate_fn_factory=None, extra_callbacks=()):
             metrics=[MaskedAccuracy(pad_id=config.pad_id), cb.TargetTokens(config.pad_id)],
             steps_per_execution=args.steps_per_execution,
         )
+        # Logged values are already global (synchronised metric variables;
+        # see Transformer.compute_loss): take the first replica's. Keras's
+        # default ("mean") fails under MultiWorkerMirroredStrategy.
+        model.distribute_reduction_method = "first"
         build_for_restore(model, optimizer)
         writer = CheckpointWriter(model, optimizer, run.checkpoint_dir,
                                   max_to_keep=args.keep_checkpoints, strategy=strategy)
