@@ -4,9 +4,10 @@ The model side of decoding: encode once, build the fixed-shape cache, and
 hand the search a step function. `keras.ops` only.
 """
 
+import keras
 from keras import ops
 
-from keras_transformer.decoding.beam_search import beam_search
+from keras_transformer.decoding.beam_search import beam_search, tile_beams
 from keras_transformer.decoding.greedy import greedy_search
 
 # The paper (section 6.1): beam 4, alpha 0.6, output length <= input + 50.
@@ -31,24 +32,31 @@ def decoding_length(source_ids, extra_length, max_length):
     )
 
 
-def prepare_decoding(model, source_ids, max_decode_length):
+def prepare_decoding(model, source_ids, max_decode_length, beam_size=1):
     """Encodes `source_ids` `(batch, src_len)` and returns `(initial_ids
     (batch,), cache, symbols_to_logits_fn)` for `beam_search`/`greedy_search`.
 
-    The cache holds the decoder's per-layer caches (see
-    `Transformer.init_decoding_cache`) and the source padding mask, all with
-    batch as axis 0, so beam search can tile and reorder them.
+    The cache, which the search tiles and reorders, holds only what changes
+    between steps: each decoder layer's self-attention `key`/`value`
+    `(batch, heads, max_decode_length, depth)`. The encoder-decoder keys and
+    values and the source mask never change and are the same for every beam
+    of a sentence, so they are computed once, tiled `beam_size` times here,
+    and closed over by the step function instead of being gathered at every
+    step.
     """
     memory, memory_mask = model.encode(source_ids, training=False)
-    cache = {
-        "decoder": model.init_decoding_cache(memory, max_decode_length),
-        "memory_mask": memory_mask,
-    }
+    layers = model.init_decoding_cache(memory, max_decode_length)
+    cache = [{"key": c["key"], "value": c["value"]} for c in layers]
+    constant = [{"memory_key": c["memory_key"], "memory_value": c["memory_value"]}
+                for c in layers]
+    if not (isinstance(beam_size, int) and beam_size == 1):
+        constant = keras.tree.map_structure(lambda x: tile_beams(x, beam_size), constant)
+        memory_mask = tile_beams(memory_mask, beam_size)
 
     def symbols_to_logits_fn(ids, step, cache):
-        logits, decoder_cache = model.decode_step(ids, step, cache["decoder"],
-                                                  cache["memory_mask"])
-        return logits, {"decoder": decoder_cache, "memory_mask": cache["memory_mask"]}
+        full = [dict(c, **k) for c, k in zip(cache, constant)]
+        logits, full = model.decode_step(ids, step, full, memory_mask)
+        return logits, [{"key": c["key"], "value": c["value"]} for c in full]
 
     initial_ids = ops.full((ops.shape(source_ids)[0],), model.config.bos_id, "int32")
     return initial_ids, cache, symbols_to_logits_fn
@@ -69,7 +77,8 @@ def beam_search_translate(model, source_ids, beam_size=DEFAULT_BEAM_SIZE,
     """
     config = model.config
     max_decode_length = decoding_length(source_ids, extra_length, config.max_length)
-    initial_ids, cache, step_fn = prepare_decoding(model, source_ids, max_decode_length)
+    initial_ids, cache, step_fn = prepare_decoding(model, source_ids, max_decode_length,
+                                                   beam_size)
     return beam_search(step_fn, initial_ids, cache, beam_size, alpha, max_decode_length,
                        eos_id=config.eos_id, pad_id=config.pad_id)
 
