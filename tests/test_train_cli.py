@@ -1,0 +1,76 @@
+"""training/train.py end to end: kill -9 after a checkpoint, rerun, resume."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import tensorflow as tf
+
+import keras_transformer as kt
+from tests.test_distributed import ENV, ROOT, write_corpus
+
+
+def test_help_is_usable():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "training", "train.py"), "--help"],
+                         capture_output=True, text=True, env=ENV, timeout=120)
+    assert out.returncode == 0
+    for flag in ("--strategy", "--precision", "--accumulation-steps", "--checkpoint-every",
+                 "--batch-tokens", "--data", "examples:"):
+        assert flag in out.stdout
+
+
+def test_resumes_after_sigkill_at_the_step_reached(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    write_corpus(str(data))
+    run = tmp_path / "run"
+    command = [sys.executable, os.path.join(ROOT, "training", "train.py"),
+               "--run-dir", str(run), "--data", f"text:{data}", "--src-lang", "en",
+               "--tgt-lang", "de", "--config", "tiny", "--vocab-size", "400",
+               "--train-steps", "60", "--steps-per-epoch", "30", "--checkpoint-every", "3",
+               "--keep-checkpoints", "3", "--warmup-steps", "50", "--batch-tokens", "128",
+               "--max-length", "64", "--shuffle-buffer", "50", "--valid-split", "",
+               "--verbose", "2"]
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, env=ENV, cwd=ROOT)
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline and first.poll() is None:
+            latest = tf.train.latest_checkpoint(str(run / "checkpoints"))
+            if latest and int(latest.rsplit("-", 1)[1]) >= 6:
+                break
+            time.sleep(0.05)
+        assert first.poll() is None, "the run ended before it could be killed"
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == -signal.SIGKILL
+    latest = tf.train.latest_checkpoint(str(run / "checkpoints"))
+    reached = int(latest.rsplit("-", 1)[1])
+    assert 6 <= reached < 60
+    vocab = (run / "vocab.model").read_bytes()
+
+    second = subprocess.run(command, capture_output=True, text=True, env=ENV, cwd=ROOT,
+                            timeout=300)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    match = re.search(r"Resumed from (\S+) at step (\d+); learning rate (\S+)", second.stdout)
+    assert match, second.stdout[-3000:]
+    assert match.group(1) == latest and int(match.group(2)) == reached
+    schedule = kt.TransformerSchedule(64, warmup_steps=50)
+    assert abs(float(match.group(3)) - float(schedule(reached))) <= 1e-6 * float(schedule(reached))
+    assert "Training finished at step 60;" in second.stdout
+    assert tf.train.latest_checkpoint(str(run / "checkpoints")).endswith("ckpt-60")
+    assert (run / "vocab.model").read_bytes() == vocab  # not retrained
+    assert "Training a" not in second.stdout
+    leftovers = [n for n in os.listdir(run) if n.startswith(".tmp")]
+    assert not leftovers
+
+    # A different corpus or model on the same run directory is refused.
+    changed = command[:command.index("--config") + 1] + ["small"] + command[command.index("--config") + 2:]
+    refused = subprocess.run(changed, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=120)
+    assert refused.returncode == 2 and "'config': ('tiny', 'small')" in refused.stderr
