@@ -3,6 +3,7 @@
 
     text:/data/multi30k            directory of <split>.<lang>[.gz] files
     tfds:wmt14_translate/de-en     TensorFlow Datasets, by name/config
+    builtin[:seed=0,train=40000]   the generated corpus, en <-> synth (offline)
 
 A loader is `loader(location, split, src_lang, tgt_lang, **options) ->
 tf.data.Dataset of (tf.string [], tf.string [])`; add one with
@@ -11,10 +12,12 @@ tf.data.Dataset of (tf.string [], tf.string [])`; add one with
 
 import itertools
 
+from keras_transformer.data.synthetic import builtin_source
 from keras_transformer.data.text_files import text_directory_source
 from keras_transformer.data.tfds_sources import tfds_source
 
 SOURCES = {
+    "builtin": builtin_source,
     "text": text_directory_source,
     "tfds": tfds_source,
 }

@@ -23,6 +23,7 @@ the task (`tests/test_synthetic_data.py` shows both the fact and the
 consequence).
 """
 
+import functools
 import random
 
 NOUNS = (
@@ -263,3 +264,54 @@ def swap_subject_and_object(seed=0, count=50):
         pairs.append((english(sentence), language.translate(sentence),
                       english(swapped), language.translate(swapped)))
     return pairs
+
+
+SPLIT_NAMES = {"train": "train", "validation": "val", "val": "val", "valid": "val",
+               "dev": "val", "test": "test"}
+DEFAULT_SIZES = dict(num_train=40000, num_val=500, num_test=500)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_corpus(seed, num_train, num_val, num_test):
+    return generate_corpus(seed, num_train, num_val, num_test)
+
+
+def parse_location(location):
+    """`"seed=3,train=20000"` -> `(seed, sizes)`; "" gives the defaults."""
+    seed, sizes = 0, dict(DEFAULT_SIZES)
+    for item in filter(None, (part.strip() for part in (location or "").split(","))):
+        key, _, value = item.partition("=")
+        if key == "seed" and value.isdigit():
+            seed = int(value)
+        elif f"num_{key}" in sizes and value.isdigit():
+            sizes[f"num_{key}"] = int(value)
+        else:
+            raise ValueError(
+                f"Bad built-in data option {item!r} in {location!r}; expected "
+                "comma-separated seed=N, train=N, val=N, test=N."
+            )
+    return seed, sizes
+
+
+def builtin_source(location, split, src_lang="en", tgt_lang="synth", **unused):
+    """Data-source loader for `--data builtin[:seed=N,train=N,...]`.
+
+    Returns a `tf.data.Dataset` of `(source_text, target_text)` strings; the
+    direction is English -> the synthetic language (swap `src_lang` and
+    `tgt_lang` for the reverse).
+    """
+    import tensorflow as tf
+
+    if split not in SPLIT_NAMES:
+        raise ValueError(f"Unknown split {split!r}; expected one of {sorted(SPLIT_NAMES)}.")
+    languages = {src_lang, tgt_lang}
+    if languages != {"en", "synth"}:
+        raise ValueError(
+            "The built-in corpus pairs 'en' and 'synth'; received "
+            f"--src-lang {src_lang!r} --tgt-lang {tgt_lang!r}."
+        )
+    seed, sizes = parse_location(location)
+    english_side, synthetic_side = _cached_corpus(seed, **sizes)[SPLIT_NAMES[split]]
+    sources, targets = ((english_side, synthetic_side) if src_lang == "en"
+                        else (synthetic_side, english_side))
+    return tf.data.Dataset.from_tensor_slices((list(sources), list(targets)))

@@ -9,6 +9,7 @@ import os
 import sys
 import time
 
+from keras_transformer.config import PRESETS
 from keras_transformer.training.strategy import PRECISIONS, STRATEGIES
 
 # Arguments that must not change when a run is resumed.
@@ -52,10 +53,12 @@ def build_parser():
     g.add_argument("--shuffle-buffer", type=int, default=100_000, help="pairs")
     g.add_argument("--seed", type=int, default=1)
     g = p.add_argument_group("vocabulary and model")
-    g.add_argument("--config", default="base", choices=("tiny", "small", "base", "big"),
+    g.add_argument("--config", default="base", choices=sorted(PRESETS),
                    help="Table 3 preset")
     g.add_argument("--vocab-size", type=int, default=37000,
                    help="shared SentencePiece vocabulary (paper: 37000 for en-de)")
+    g.add_argument("--vocab-model-type", default="unigram", choices=("unigram", "bpe"),
+                   help="SentencePiece algorithm of the shared vocabulary")
     g.add_argument("--vocab-sentences", type=int, default=1_000_000,
                    help="training pairs read to train the vocabulary")
     g.add_argument("--dropout", type=float, default=None, help="override P_drop")
@@ -79,6 +82,9 @@ def build_parser():
                    help="keep the last K (average 5 for base, 20 for big)")
     g.add_argument("--steps-per-epoch", type=int, default=1000,
                    help="updates between validation runs")
+    g.add_argument("--bleu-sentences", type=int, default=200,
+                   help="validation sentences translated (beam search) for BLEU at the end "
+                        "of every epoch; 0 disables")
     g.add_argument("--log-every", type=int, default=100, help="TensorBoard interval in updates")
     g.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2),
                    help="1: progress bar, 2: one line per epoch")
@@ -137,7 +143,8 @@ def _prepare_run_directory(args, run, strategy, load_pairs):
               f"{args.vocab_sentences} pairs of {args.data} ...", flush=True)
         pairs = load_pairs(args.train_split)
         proto = train_sentencepiece(
-            sentences_for_vocabulary(pairs, args.vocab_sentences), args.vocab_size)
+            sentences_for_vocabulary(pairs, args.vocab_sentences), args.vocab_size,
+            model_type=args.vocab_model_type)
         tokenizer = SubwordTokenizer(proto)
         overrides = {} if args.dropout is None else {"dropout": args.dropout}
         config = get_config(
@@ -275,7 +282,7 @@ def train(args, translate_fn_factory=None, extra_callbacks=()):
         *extra_callbacks,
     ]
     if translate_fn_factory is not None and args.valid_split and chief:
-        pairs = list(pairs_of(args.valid_split).take(500).as_numpy_iterator())
+        pairs = list(pairs_of(args.valid_split).take(args.bleu_sentences).as_numpy_iterator())
         callbacks.append(cb.TranslationEvaluation(
             translate_fn_factory(model, tokenizer), [s.decode() for s, _ in pairs],
             [t.decode() for _, t in pairs], args.steps_per_epoch, run.log_dir))
@@ -298,8 +305,19 @@ def train(args, translate_fn_factory=None, extra_callbacks=()):
     return model
 
 
+def beam_search_bleu_factory(model, tokenizer):
+    """`translate_fn` for the periodic BLEU: beam search with the paper's
+    settings over the model being trained."""
+    from keras_transformer.export.translator import Translator
+
+    translator = Translator(model, tokenizer)
+    return lambda sentences: translator.translate(sentences)[0]
+
+
 def main(argv=None, **kwargs):
     args = build_parser().parse_args(argv)
+    if args.bleu_sentences and "translate_fn_factory" not in kwargs:
+        kwargs["translate_fn_factory"] = beam_search_bleu_factory
     try:
         train(args, **kwargs)
     except (ValueError, FileNotFoundError, TimeoutError) as e:

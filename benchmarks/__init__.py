@@ -1,0 +1,1 @@
+"""Benchmarks (not part of the library): throughput against TF Model Garden."""

@@ -1,0 +1,339 @@
+"""Throughput of this package's Transformer, optionally beside TF Model Garden's
+`Seq2SeqTransformer` built with the same shapes, in the same process.
+
+    python benchmarks/benchmark.py                          # bench config, float32
+    python benchmarks/benchmark.py --precision mixed_bfloat16 --reference model_garden
+    python benchmarks/benchmark.py --config base --what train
+
+Measures (each `--what`):
+  train      training target tokens/s and model FLOP/s as a fraction of the
+             matmul peak this script measures itself on this machine;
+  translate  beam-search translation sentences/s (untrained weights, so every
+             beam runs to the maximum length: per-step cost is what is timed);
+  latency    single-sentence p50/p95 latency of the exported SavedModel
+             (strings in, strings out);
+  memory     peak resident memory of a process that trains and translates.
+
+Machines drift (other processes, clocks), so implementations are timed in
+alternating rounds and the ratio is taken per round; the median is reported.
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from benchmarks import flops, model_garden_reference  # noqa: E402
+
+# The shared bench configuration (issue "Performance"): vocab 8,192 shared and
+# tied, d_model 256, 3 + 3 layers, 4 heads, d_ff 1,024, dropout 0.1, post-LN.
+BENCH = dict(vocab_size=8192, d_model=256, num_layers=3, num_heads=4, d_ff=1024,
+             dropout=0.1, norm_first=False)
+TRAIN_SHAPE = dict(batch=64, source_length=32, target_length=32)
+TRANSLATE_SHAPE = dict(batch=32, source_length=20, beam_size=4, alpha=0.6, extra_length=10)
+
+
+def make_config(name):
+    import keras_transformer as kt
+
+    if name == "bench":
+        return kt.TransformerConfig(**BENCH)
+    return kt.get_config(name, vocab_size=BENCH["vocab_size"])
+
+
+def random_batch(config, batch, length, seed):
+    rng = np.random.default_rng(seed)
+    # Ids above the special ones, so there is no padding and no early eos.
+    return tf.constant(rng.integers(4, config.vocab_size, (batch, length)), tf.int32)
+
+
+def matmul_peak(dtype, size=2048, repeats=20):
+    """GFLOP/s of a square matmul chain on this machine, in `dtype`."""
+    a = tf.random.normal((size, size), dtype=tf.float32)
+    a = tf.cast(a, dtype)
+
+    @tf.function
+    def chain(x):
+        for _ in range(repeats):
+            x = tf.matmul(x, a) * tf.cast(0.01, dtype)
+        return x
+
+    chain(a).numpy()
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        chain(a).numpy()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 * repeats / best / 1e9
+
+
+# Implementations ------------------------------------------------------------
+
+
+class Ours:
+    name = "keras_transformer"
+
+    def __init__(self, config, precision, jit_compile):
+        import keras
+
+        import keras_transformer as kt
+
+        keras.config.set_dtype_policy(precision)
+        self.config = config
+        self.model = kt.Transformer(config)
+        self.model.compile(
+            optimizer=kt.transformer_adam(config.d_model),
+            loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id),
+            jit_compile=jit_compile,
+        )
+        keras.config.set_dtype_policy("float32")
+
+    def train_step(self, source, target_in, target_out):
+        return self.model.train_on_batch((source, target_in), target_out)
+
+    def translator(self, beam_size, alpha, extra_length):
+        from keras_transformer.decoding import beam_search_translate
+
+        @tf.function
+        def translate(source):
+            return beam_search_translate(self.model, source, beam_size=beam_size, alpha=alpha,
+                                         extra_length=extra_length)[0]
+
+        return translate
+
+
+class ModelGarden:
+    name = "model_garden"
+
+    def __init__(self, config, precision, jit_compile):
+        self.config = config
+        self.model, self.optimizer = model_garden_reference.build(
+            config, beam_size=TRANSLATE_SHAPE["beam_size"], alpha=TRANSLATE_SHAPE["alpha"],
+            extra_decode_length=TRANSLATE_SHAPE["extra_length"], precision=precision,
+        )
+        self.step = model_garden_reference.train_step_fn(
+            self.model, self.optimizer, config.label_smoothing, config.pad_id
+        )
+        if jit_compile:
+            self.step = tf.function(self.step.python_function, jit_compile=True)
+
+    def train_step(self, source, target_in, target_out):
+        return self.step(source, target_in, target_out).numpy()
+
+    def translator(self, beam_size, alpha, extra_length):
+        return model_garden_reference.translate_fn(self.model)
+
+
+IMPLEMENTATIONS = {"ours": Ours, "model_garden": ModelGarden}
+
+
+# Measurements -----------------------------------------------------------------
+
+
+def time_rounds(callables, rounds, warmup, repeats):
+    """Alternates `callables` (name -> fn) `rounds` times; each timing is
+    `repeats` calls after `warmup` untimed ones. Returns name -> [seconds per
+    call, one per round]."""
+    for fn in callables.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in callables}
+    for _ in range(rounds):
+        for name, fn in callables.items():
+            start = time.perf_counter()
+            for _ in range(repeats):
+                fn()
+            times[name].append((time.perf_counter() - start) / repeats)
+    return times
+
+
+def bench_train(impls, config, args, peak):
+    shape = TRAIN_SHAPE
+    source = random_batch(config, shape["batch"], shape["source_length"], 0)
+    target = random_batch(config, shape["batch"], shape["target_length"] + 1, 1)
+    target_in, target_out = target[:, :-1], target[:, 1:]
+    calls = {impl.name: (lambda impl=impl: impl.train_step(source, target_in, target_out))
+             for impl in impls}
+    times = time_rounds(calls, args.rounds, warmup=3, repeats=args.train_steps)
+    step_flops = flops.training_flops(config, shape["batch"], shape["source_length"],
+                                      shape["target_length"])
+    tokens = shape["batch"] * shape["target_length"]
+    results = {}
+    for name, seconds in times.items():
+        per_step = statistics.median(seconds)
+        results[name] = {
+            "target_tokens_per_s": tokens / per_step,
+            "model_tflops_per_s": step_flops / per_step / 1e12,
+            "fraction_of_matmul_peak": step_flops / per_step / 1e9 / peak,
+            "rounds_s_per_step": seconds,
+        }
+    return results, times
+
+
+def bench_translate(impls, config, args):
+    shape = TRANSLATE_SHAPE
+    source = random_batch(config, shape["batch"], shape["source_length"], 2)
+    calls = {}
+    for impl in impls:
+        translate = impl.translator(shape["beam_size"], shape["alpha"], shape["extra_length"])
+        calls[impl.name] = lambda translate=translate: np.asarray(translate(source))
+    times = time_rounds(calls, args.rounds, warmup=1, repeats=args.translate_repeats)
+    results = {name: {"sentences_per_s": shape["batch"] / statistics.median(seconds),
+                      "rounds_s_per_batch": seconds}
+               for name, seconds in times.items()}
+    return results, times
+
+
+def bench_latency(config, args):
+    """p50/p95 of one sentence through our exported SavedModel."""
+    import keras_transformer as kt
+    from keras_transformer.export.saved_model import export_translator
+    from keras_transformer.export.translator import Translator
+    from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
+    from keras_transformer.data.synthetic import generate_corpus
+
+    corpus = generate_corpus(seed=0, num_train=5000, num_val=10, num_test=10)
+    tokenizer = SubwordTokenizer(train_sentencepiece(
+        corpus["train"][0] + corpus["train"][1], vocab_size=min(config.vocab_size, 2000)))
+    config = config.replace(vocab_size=tokenizer.vocab_size)
+    model = kt.Transformer(config)
+    model.build()
+    with tempfile.TemporaryDirectory() as tmp:
+        translator = Translator(model, tokenizer, beam_size=TRANSLATE_SHAPE["beam_size"],
+                                alpha=TRANSLATE_SHAPE["alpha"],
+                                extra_length=TRANSLATE_SHAPE["extra_length"])
+        path = export_translator(translator, tmp, name="bench")
+        served = tf.saved_model.load(path).signatures["serving_default"]
+        sentence = tf.constant([corpus["test"][0][0]])
+        for _ in range(3):
+            served(text=sentence)
+        latencies = []
+        for _ in range(args.latency_requests):
+            start = time.perf_counter()
+            served(text=sentence)["translation"].numpy()
+            latencies.append((time.perf_counter() - start) * 1000)
+    return {"p50_ms": float(np.percentile(latencies, 50)),
+            "p95_ms": float(np.percentile(latencies, 95)),
+            "sentence": corpus["test"][0][0], "requests": args.latency_requests}
+
+
+def bench_memory(args):
+    """Peak RSS of a fresh process per implementation (train + translate)."""
+    results = {}
+    for name in ["ours"] + ([args.reference] if args.reference else []):
+        command = [sys.executable, os.path.abspath(__file__), "--config", args.config,
+                   "--precision", args.precision, "--what", "train,translate",
+                   "--rounds", "1", "--train-steps", "2", "--translate-repeats", "1",
+                   "--only", name, "--report-peak-memory"]
+        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        results[name] = json.loads(out.strip().splitlines()[-1])["peak_rss_mb"]
+    return results
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="bench",
+                        help="'bench' (the shared bench configuration) or a preset name")
+    parser.add_argument("--precision", default="float32",
+                        choices=["float32", "mixed_bfloat16", "mixed_float16"])
+    parser.add_argument("--reference", choices=["model_garden"], default=None,
+                        help="also time TF Model Garden's Seq2SeqTransformer, alternating")
+    parser.add_argument("--what", default="train,translate,latency,memory",
+                        help="comma-separated subset of train,translate,latency,memory")
+    parser.add_argument("--jit-compile", action="store_true",
+                        help="XLA-compile the training steps (slower on this CPU)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--train-steps", type=int, default=10, help="timed steps per round")
+    parser.add_argument("--translate-repeats", type=int, default=2)
+    parser.add_argument("--latency-requests", type=int, default=100)
+    parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--only", help=argparse.SUPPRESS)
+    parser.add_argument("--report-peak-memory", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    what = set(args.what.split(","))
+    unknown = what - {"train", "translate", "latency", "memory"}
+    if unknown:
+        parser.error(f"unknown --what {sorted(unknown)}")
+    if args.reference == "model_garden" and not model_garden_reference.available():
+        parser.error("Model Garden is not installed: bash benchmarks/install_model_garden.sh")
+
+    config = make_config(args.config)
+    names = [args.only] if args.only else ["ours"] + ([args.reference] if args.reference else [])
+    impls = [IMPLEMENTATIONS[n](config, args.precision, args.jit_compile) for n in names]
+    report = {"date": time.strftime("%Y-%m-%d"), "config": args.config,
+              "precision": args.precision, "argv": sys.argv[1:]}
+    if "train" in what:
+        peak_dtype = "bfloat16" if args.precision == "mixed_bfloat16" else (
+            "float16" if args.precision == "mixed_float16" else "float32")
+        peak = matmul_peak(tf.as_dtype(peak_dtype))
+        report["matmul_peak_gflops"] = {peak_dtype: peak}
+        report["train"], times = bench_train(impls, config, args, peak)
+        _ratio(report, "train", times)
+    if "translate" in what:
+        report["translate"], times = bench_translate(impls, config, args)
+        _ratio(report, "translate", times)
+    if "latency" in what and not args.only:
+        report["latency"] = bench_latency(config, args)
+    if "memory" in what and not args.only:
+        report["peak_rss_mb"] = bench_memory(args)
+    if args.report_peak_memory:
+        print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+        return report
+    _print(report)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return report
+
+
+def _ratio(report, key, times):
+    """Per-round ratio ours / reference (time_ref / time_ours), median."""
+    names = list(times)
+    if len(names) == 2:
+        ratios = [ref / ours for ours, ref in zip(times[names[0]], times[names[1]])]
+        report[key]["speedup_vs_" + names[1]] = {"median": statistics.median(ratios),
+                                                 "rounds": ratios}
+
+
+def _print(report):
+    print(f"\nconfig={report['config']} precision={report['precision']} date={report['date']}")
+    if "train" in report:
+        print(f"matmul peak: {report['matmul_peak_gflops']}")
+        for name, r in report["train"].items():
+            if name.startswith("speedup"):
+                print(f"  train speedup {name[11:]}: {r['median']:.2f}x "
+                      f"(rounds {', '.join(f'{x:.2f}' for x in r['rounds'])})")
+            else:
+                print(f"  train {name:18s} {r['target_tokens_per_s']:9.0f} target tokens/s  "
+                      f"{r['model_tflops_per_s'] * 1000:6.1f} GFLOP/s  "
+                      f"({100 * r['fraction_of_matmul_peak']:.0f}% of matmul peak)")
+    if "translate" in report:
+        for name, r in report["translate"].items():
+            if name.startswith("speedup"):
+                print(f"  translate speedup {name[11:]}: {r['median']:.2f}x "
+                      f"(rounds {', '.join(f'{x:.2f}' for x in r['rounds'])})")
+            else:
+                print(f"  translate {name:14s} {r['sentences_per_s']:9.1f} sentences/s (beam 4)")
+    if "latency" in report:
+        r = report["latency"]
+        print(f"  SavedModel latency, one sentence: p50 {r['p50_ms']:.1f} ms, "
+              f"p95 {r['p95_ms']:.1f} ms ({r['requests']} requests)")
+    if "peak_rss_mb" in report:
+        for name, mb in report["peak_rss_mb"].items():
+            print(f"  peak RSS {name}: {mb:.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
