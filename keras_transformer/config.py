@@ -108,7 +108,7 @@ class TransformerConfig:
 PRESETS = {
     # The Quick start's model: small enough to learn the built-in corpus in
     # minutes on two CPU cores.
-    "demo": dict(d_model=128, num_layers=3, num_heads=4, d_ff=512, dropout=0.1),
+    "demo": dict(d_model=128, num_layers=2, num_heads=4, d_ff=512, dropout=0.1),
     "tiny": dict(d_model=64, num_layers=2, num_heads=4, d_ff=128, dropout=0.1),
     "small": dict(d_model=256, num_layers=3, num_heads=4, d_ff=1024, dropout=0.1),
     "base": dict(d_model=512, num_layers=6, num_heads=8, d_ff=2048, dropout=0.1),

@@ -43,11 +43,16 @@ def build_parser():
     p.add_argument("--saved-models", default=os.path.join(ROOT, "saved_models"))
     p.add_argument("--name", default="demo", help="model name under saved_models/")
     p.add_argument("--config", default="demo")
-    p.add_argument("--train-steps", type=int, default=1800)
-    p.add_argument("--batch-tokens", type=int, default=3000)
+    p.add_argument("--train-steps", type=int, default=1200)
+    p.add_argument("--batch-tokens", type=int, default=2000)
     p.add_argument("--precision", default="float32",
                    choices=["float32", "mixed_bfloat16", "mixed_float16"])
     p.add_argument("--average", type=int, default=3, help="checkpoints to average")
+    p.add_argument("--position-encoding", default="sinusoidal",
+                   choices=["sinusoidal", "learned", "none"],
+                   help="'none' is the control: without positions the task cannot be learned")
+    p.add_argument("--test-sentences", type=int, default=500,
+                   help="held-out sentences to translate and score")
     p.add_argument("--fresh", action="store_true",
                    help="delete an existing run directory first (default: resume it)")
     return p
@@ -66,11 +71,12 @@ def main(argv=None):
         "--tgt-lang", "synth", "--config", args.config, "--vocab-size", "3000",
         "--vocab-model-type", "bpe", "--max-length", "64",
         "--batch-tokens", str(args.batch_tokens), "--train-steps", str(args.train_steps),
-        "--warmup-steps", str(max(1, min(800, args.train_steps // 3))), "--lr-scale", "2",
+        "--warmup-steps", str(max(1, min(400, args.train_steps // 3))), "--lr-scale", "1.5",
         "--precision", args.precision, "--checkpoint-every", str(checkpoint_every),
         "--keep-checkpoints", str(max(args.average, 1)),
         "--steps-per-epoch", str(steps_per_epoch), "--valid-split", "validation",
         "--bleu-sentences", "0", "--shuffle-buffer", "40000", "--verbose", "1",
+        "--position-encoding", args.position_encoding,
     ])
     if status:
         return status
@@ -83,7 +89,8 @@ def main(argv=None):
     print("\n== 4. Beam search (beam 4, alpha 0.6) on the held-out test split", flush=True)
     tokenizer = run.load_tokenizer()
     translator = Translator(run.load_model(averaged), tokenizer)
-    test = list(builtin_source("", "test", "en", "synth").as_numpy_iterator())
+    test = list(builtin_source("", "test", "en", "synth").take(args.test_sentences)
+                .as_numpy_iterator())
     sources = [s.decode() for s, _ in test]
     references = [t.decode() for _, t in test]
     hypotheses, _ = translator.translate(sources)

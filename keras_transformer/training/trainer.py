@@ -13,7 +13,8 @@ from keras_transformer.config import PRESETS
 from keras_transformer.training.strategy import PRECISIONS, STRATEGIES
 
 # Arguments that must not change when a run is resumed.
-FIXED_ON_RESUME = ("data", "src_lang", "tgt_lang", "config", "vocab_size")
+FIXED_ON_RESUME = ("data", "src_lang", "tgt_lang", "config", "vocab_size",
+                   "position_encoding")
 
 
 def build_parser():
@@ -62,6 +63,9 @@ def build_parser():
     g.add_argument("--vocab-sentences", type=int, default=1_000_000,
                    help="training pairs read to train the vocabulary")
     g.add_argument("--dropout", type=float, default=None, help="override P_drop")
+    g.add_argument("--position-encoding", default=None,
+                   choices=("sinusoidal", "learned", "none"),
+                   help="override the positional encoding ('none': an ablation)")
     g = p.add_argument_group("optimisation")
     g.add_argument("--train-steps", type=int, default=100_000,
                    help="total optimizer updates (paper: 100k base, 300k big)")
@@ -147,6 +151,8 @@ def _prepare_run_directory(args, run, strategy, load_pairs):
             model_type=args.vocab_model_type)
         tokenizer = SubwordTokenizer(proto)
         overrides = {} if args.dropout is None else {"dropout": args.dropout}
+        if args.position_encoding is not None:
+            overrides["position_encoding"] = args.position_encoding
         config = get_config(
             args.config, vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
             bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
