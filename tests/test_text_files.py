@@ -79,7 +79,7 @@ def test_missing_file_and_bad_gzip(tmp_path):
 
 
 def test_unknown_source_kind():
-    with pytest.raises(ValueError, match=r"Unknown data source 'csv'.*\['text', 'tfds'"):
+    with pytest.raises(ValueError, match=r"Unknown data source 'csv'.*\['builtin', 'text', 'tfds'"):
         sources.load_pairs("csv:/x", "train", "en", "de")
 
 
