@@ -41,7 +41,8 @@ def build_parser():
     g = p.add_argument_group("data")
     g.add_argument("--run-dir", required=True, help="run directory (created or resumed)")
     g.add_argument("--data", required=True,
-                   help="`text:<dir of <split>.<lang>[.gz]>` or `tfds:<name>/<config>`")
+                   help="`text:<dir of <split>.<lang>[.gz]>`, `tfds:<name>/<config>`, or "
+                        "`builtin` (the generated en <-> synth corpus)")
     g.add_argument("--src-lang", required=True, help="source language suffix/feature, e.g. en")
     g.add_argument("--tgt-lang", required=True, help="target language suffix/feature, e.g. de")
     g.add_argument("--train-split", default="train")
