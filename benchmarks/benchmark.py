@@ -12,7 +12,9 @@ Measures (each `--what`):
              beam runs to the maximum length: per-step cost is what is timed);
   latency    single-sentence p50/p95 latency of the exported SavedModel
              (strings in, strings out);
-  memory     peak resident memory of a process that trains and translates.
+  memory     per implementation and phase (train, translate), in a fresh
+             process each: resident memory after imports and build, the
+             phase's peak, and the difference (what the phase allocates).
 
 Machines drift (other processes, clocks), so implementations are timed in
 alternating rounds and the ratio is taken per round; the median is reported.
@@ -30,6 +32,12 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __name__ == "__main__":
+    # Before TensorFlow loads: glibc malloc settings (see training/fast_malloc.py);
+    # both implementations run in this process, so both get them.
+    from training import fast_malloc
+
+    fast_malloc.apply()
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -178,7 +186,7 @@ def bench_train(impls, config, args, peak):
         results[name] = {
             "target_tokens_per_s": tokens / per_step,
             "model_tflops_per_s": step_flops / per_step / 1e12,
-            "fraction_of_matmul_peak": step_flops / per_step / 1e9 / peak,
+            "fraction_of_matmul_peak": (step_flops / per_step / 1e9 / peak) if peak else None,
             "rounds_s_per_step": seconds,
         }
     return results, times
@@ -231,16 +239,44 @@ def bench_latency(config, args):
             "sentence": corpus["test"][0][0], "requests": args.latency_requests}
 
 
+def _proc_status_mb(field):
+    """`VmRSS`/`VmHWM` of this process from /proc/self/status, in MB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak_rss():
+    """Resets VmHWM to the current RSS (Linux: "5" > /proc/self/clear_refs),
+    so the next peak is the phase's own, not the import's or the build's."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def bench_memory(args):
-    """Peak RSS of a fresh process per implementation (train + translate)."""
+    """Memory of each implementation for each of training and translation,
+    each in a fresh process: resident memory after imports and model build
+    (`baseline_mb`), the phase's peak (`peak_mb`) and their difference
+    (`phase_mb`: activations, gradients, optimizer slots, decoding cache;
+    what the implementation decides)."""
     results = {}
     for name in ["ours"] + ([args.reference] if args.reference else []):
-        command = [sys.executable, os.path.abspath(__file__), "--config", args.config,
-                   "--precision", args.precision, "--what", "train,translate",
-                   "--rounds", "1", "--train-steps", "2", "--translate-repeats", "1",
-                   "--only", name, "--report-peak-memory"]
-        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-        results[name] = json.loads(out.strip().splitlines()[-1])["peak_rss_mb"]
+        results[name] = {}
+        for phase in ("train", "translate"):
+            command = [sys.executable, os.path.abspath(__file__), "--config", args.config,
+                       "--precision", args.precision, "--what", phase,
+                       "--rounds", "1", "--train-steps", "3", "--translate-repeats", "1",
+                       "--only", name, "--report-peak-memory"]
+            if args.jit_compile:
+                command.append("--jit-compile")
+            out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+            results[name][phase] = json.loads(out.strip().splitlines()[-1])
     return results
 
 
@@ -276,6 +312,20 @@ def main(argv=None):
     config = make_config(args.config)
     names = [args.only] if args.only else ["ours"] + ([args.reference] if args.reference else [])
     impls = [IMPLEMENTATIONS[n](config, args.precision, args.jit_compile) for n in names]
+    if args.report_peak_memory:
+        # One phase of one implementation in this fresh process: resident
+        # memory now (imports, model built) and the phase's own peak.
+        baseline = _proc_status_mb("VmRSS")
+        peak_reset = _reset_peak_rss()
+        if "train" in what:
+            bench_train(impls, config, args, peak=None)
+        if "translate" in what:
+            bench_translate(impls, config, args)
+        peak = _proc_status_mb("VmHWM") if peak_reset else (
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        print(json.dumps({"baseline_mb": baseline, "peak_mb": peak,
+                          "phase_mb": peak - baseline, "peak_reset": peak_reset}))
+        return None
     report = {"date": time.strftime("%Y-%m-%d"), "config": args.config,
               "precision": args.precision, "argv": sys.argv[1:]}
     if "train" in what:
@@ -291,10 +341,7 @@ def main(argv=None):
     if "latency" in what and not args.only:
         report["latency"] = bench_latency(config, args)
     if "memory" in what and not args.only:
-        report["peak_rss_mb"] = bench_memory(args)
-    if args.report_peak_memory:
-        print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
-        return report
+        report["memory_mb"] = bench_memory(args)
     _print(report)
     if args.json:
         with open(args.json, "w") as f:
@@ -334,9 +381,11 @@ def _print(report):
         r = report["latency"]
         print(f"  SavedModel latency, one sentence: p50 {r['p50_ms']:.1f} ms, "
               f"p95 {r['p95_ms']:.1f} ms ({r['requests']} requests)")
-    if "peak_rss_mb" in report:
-        for name, mb in report["peak_rss_mb"].items():
-            print(f"  peak RSS {name}: {mb:.0f} MB")
+    if "memory_mb" in report:
+        for name, phases in report["memory_mb"].items():
+            for phase, m in phases.items():
+                print(f"  memory {phase:9s} {name:18s} +{m['phase_mb']:6.0f} MB over "
+                      f"{m['baseline_mb']:.0f} MB after build (peak {m['peak_mb']:.0f} MB)")
 
 
 if __name__ == "__main__":

@@ -107,8 +107,11 @@ class TransformerConfig:
 # `big`: N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3.
 PRESETS = {
     # The Quick start's model: small enough to learn the built-in corpus in
-    # minutes on two CPU cores.
-    "demo": dict(d_model=128, num_layers=2, num_heads=4, d_ff=512, dropout=0.1),
+    # minutes on two CPU cores. No dropout: the demo sees each of the 40k
+    # noise-free training pairs ~5 times, too few to overfit, and with
+    # dropout 0.1 the same 1,200 updates reached 88.7 BLEU instead of 94.1
+    # (and each step cost more).
+    "demo": dict(d_model=128, num_layers=2, num_heads=4, d_ff=512, dropout=0.0),
     "tiny": dict(d_model=64, num_layers=2, num_heads=4, d_ff=128, dropout=0.1),
     "small": dict(d_model=256, num_layers=3, num_heads=4, d_ff=1024, dropout=0.1),
     "base": dict(d_model=512, num_layers=6, num_heads=8, d_ff=2048, dropout=0.1),

@@ -194,11 +194,18 @@ class Transformer(keras.Model):
             return loss
         return super().compute_loss(x, y, y_pred, sample_weight, training)
 
-    def train_step(self, data):
-        return distribute.multi_worker_safe_logs(super().train_step(data))
+    # TensorFlow's trainer calls `train_step(data)` and gets logs; JAX's calls
+    # `train_step(state, data)` and gets `(logs, state)`. Only the first needs
+    # the multi-worker fix, and both signatures must pass through.
+    def train_step(self, *args):
+        if keras.backend.backend() != "tensorflow":
+            return super().train_step(*args)
+        return distribute.multi_worker_safe_logs(super().train_step(*args))
 
-    def test_step(self, data):
-        return distribute.multi_worker_safe_logs(super().test_step(data))
+    def test_step(self, *args):
+        if keras.backend.backend() != "tensorflow":
+            return super().test_step(*args)
+        return distribute.multi_worker_safe_logs(super().test_step(*args))
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Keras 3.15 on TF builds the compiled metrics from the first batch

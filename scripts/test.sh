@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
+source scripts/venv_jax.sh
 python -m pytest -q "$@"

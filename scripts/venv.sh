@@ -15,3 +15,8 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
+# glibc malloc settings that stop TensorFlow's per-step page faults on CPU
+# (see training/fast_malloc.py; the training/ scripts also set them themselves).
+export MALLOC_MMAP_MAX_=${MALLOC_MMAP_MAX_:-0}
+export MALLOC_TRIM_THRESHOLD_=${MALLOC_TRIM_THRESHOLD_:-17179869184}
+export MALLOC_ARENA_MAX=${MALLOC_ARENA_MAX:-1}

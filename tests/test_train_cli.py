@@ -74,3 +74,36 @@ def test_resumes_after_sigkill_at_the_step_reached(tmp_path):
     changed = command[:command.index("--config") + 1] + ["small"] + command[command.index("--config") + 2:]
     refused = subprocess.run(changed, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=120)
     assert refused.returncode == 2 and "'config': ('tiny', 'small')" in refused.stderr
+
+
+def test_max_minutes_stops_fit_after_the_time_budget():
+    import numpy as np
+
+    from keras_transformer.training.callbacks import StopAfterTime
+
+    ticks = iter(range(0, 10_000, 10))  # every look at the clock: 10 more seconds
+    stop = StopAfterTime(25, clock=lambda: next(ticks))
+    config = kt.get_config("tiny", vocab_size=30, dropout=0.0)
+    model = kt.Transformer(config)
+    model.compile(optimizer="adam", loss=kt.LabelSmoothedCrossEntropy(0.1, pad_id=0))
+    ids = np.random.default_rng(0).integers(3, 30, size=(16, 6)).astype("int32")
+    model.fit((ids, ids), ids, batch_size=4, epochs=5, verbose=0, callbacks=[stop])
+    # begin at 0 s; updates end at 10, 20, 30 s: the third reaches 25 s.
+    assert int(model.optimizer.iterations.numpy()) == 3
+    assert stop.stopped_at_step == 3
+
+
+def test_max_minutes_is_validated():
+    from keras_transformer.training import trainer
+
+    base = ["--run-dir", "r", "--data", "builtin", "--src-lang", "en", "--tgt-lang", "synth"]
+    for extra, message in ((["--max-minutes", "0"], "--max-minutes must be positive"),
+                           (["--max-minutes", "5", "--strategy", "multi_worker_mirrored"],
+                            "workers could stop at different steps")):
+        args = trainer.build_parser().parse_args(base + extra)
+        try:
+            trainer.validate_args(args)
+        except ValueError as e:
+            assert message in str(e)
+        else:
+            raise AssertionError(f"{extra} was accepted")

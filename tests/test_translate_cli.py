@@ -70,7 +70,12 @@ def test_export_translate_and_evaluate(tmp_path):
         ["--run-dir", run.path, "--input", str(source), "--beam-size", "2",
          "--extra-length", "3"], stdout=out,
     )
-    assert from_run == from_saved  # same checkpoint restored, same decoding
+    assert from_run == from_saved  # same checkpoint restored, same decoding (XLA here)
+    without_xla, _ = script("translate").main(
+        ["--run-dir", run.path, "--input", str(source), "--beam-size", "2",
+         "--extra-length", "3", "--no-xla"], stdout=io.StringIO(),
+    )
+    assert without_xla == from_saved
     assert run_scores == pytest.approx(saved_scores, abs=1e-4)
     assert out.getvalue() == "".join(t + "\n" for t in from_run)
 

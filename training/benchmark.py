@@ -8,6 +8,12 @@ processes affects them alike and their ratio stays meaningful.
     python training/benchmark.py --configs small base --precisions float32 mixed_bfloat16
 """
 
+if __name__ == "__main__":
+    # Before TensorFlow loads: glibc malloc settings (see training/fast_malloc.py).
+    import fast_malloc
+
+    fast_malloc.apply()
+
 import argparse
 import os
 import sys

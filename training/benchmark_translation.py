@@ -12,6 +12,12 @@ temporary directory. Random weights rarely produce eos, so every sentence
 decodes to the length limit (source + extra length): a worst case.
 """
 
+if __name__ == "__main__":
+    # Before TensorFlow loads: glibc malloc settings (see training/fast_malloc.py).
+    import fast_malloc
+
+    fast_malloc.apply()
+
 import argparse
 import json
 import os

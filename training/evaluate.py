@@ -3,12 +3,18 @@
 detokenized output, printing sacreBLEU's signature strings.
 
     python training/evaluate.py --run-dir runs/base \\
-        --source ../shared/data/multi30k/test_2016_flickr.de.gz \\
-        --reference ../shared/data/multi30k/test_2016_flickr.en.gz
+        --source ../shared/data/multi30k/test_2016_flickr.en.gz \\
+        --reference ../shared/data/multi30k/test_2016_flickr.de.gz
 
 One sentence per line in --source and --reference (.gz ok). The
 translations can be kept with --hypotheses.
 """
+
+if __name__ == "__main__":
+    # Before TensorFlow loads: glibc malloc settings (see training/fast_malloc.py).
+    import fast_malloc
+
+    fast_malloc.apply()
 
 import argparse
 import json

@@ -25,7 +25,7 @@ def main(argv=None):
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_model_arguments(parser, saved_model=False)
-    add_decoding_arguments(parser)
+    add_decoding_arguments(parser, xla=False)
     parser.add_argument("--name", help="model name, the <name> in saved_models/<name>/ "
                         "(default: the run directory's name)")
     parser.add_argument("--output-dir", default="saved_models",

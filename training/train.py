@@ -3,6 +3,12 @@
 A thin command over `keras_transformer.training.trainer`.
 """
 
+if __name__ == "__main__":
+    # Before TensorFlow loads: glibc malloc settings (see training/fast_malloc.py).
+    import fast_malloc
+
+    fast_malloc.apply()
+
 import os
 import sys
 

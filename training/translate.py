@@ -12,6 +12,12 @@ tokens are truncated. Line breaks inside a translation become spaces, so
 output line i always translates input line i.
 """
 
+if __name__ == "__main__":
+    # Before TensorFlow loads: glibc malloc settings (see training/fast_malloc.py).
+    import fast_malloc
+
+    fast_malloc.apply()
+
 import argparse
 import sys
 

@@ -107,6 +107,7 @@ class Translator(tf.Module):
         self.alpha = float(alpha)
         self.extra_length = extra_length
         self.max_source_tokens = config.max_length - 1
+        self._xla_searches = _Unchecked({})
 
     @property
     def model(self):
@@ -149,11 +150,15 @@ class Translator(tf.Module):
     def _translate_tokens(self, tokens, beam_size, alpha, extra_length):
         """RaggedTensor of source tokens -> `(best ids [batch, len] int32
         (pad after the last token, eos removed), scores [batch], is_empty)`."""
-        config = self.config
         source_ids, is_empty = self._source_ids(tokens)
         sequences, scores = beam_search_translate(
             self.model, source_ids, beam_size, alpha, extra_length
         )
+        return self._best(sequences, scores, is_empty)
+
+    def _best(self, sequences, scores, is_empty):
+        """The best beam of each sentence, eos and what follows it padded."""
+        config = self.config
         best = sequences[:, 0]
         after_end = tf.cumsum(tf.cast(tf.equal(best, config.eos_id), tf.int32), axis=1) > 0
         best = tf.where(after_end | is_empty[:, None], config.pad_id, best)
@@ -198,16 +203,30 @@ class Translator(tf.Module):
     # In-process use --------------------------------------------------------
 
     def translate(self, sentences, beam_size=None, alpha=None, extra_length=None,
-                  batch_size=32):
+                  batch_size=32, jit_compile=False):
         """Translates a list of `str` (or bytes).
 
         Args:
             sentences: list of source sentences.
             beam_size, alpha, extra_length: None for the defaults.
             batch_size: sentences per call; sentences are grouped by length.
+            jit_compile: run the search with XLA (in-process only; the
+                exported signatures stay XLA-free for TF Serving). Batches
+                are padded to `batch_size` rows and source lengths to a
+                multiple of `SOURCE_LENGTH_BUCKET`, so XLA compiles once per
+                length bucket, not once per batch. Same translations, about
+                twice as fast on CPU (see README, Benchmarks).
 
         Returns: `(translations: list of str, scores: list of float)`.
         """
+        if jit_compile:
+            search = self._xla_search(
+                self.beam_size if beam_size is None else int(beam_size),
+                self.alpha if alpha is None else float(alpha),
+                self.extra_length if extra_length is None else int(extra_length))
+            return translate_in_batches(
+                lambda batch: self._translate_static(batch, search, batch_size),
+                sentences, batch_size)
         if beam_size is None and alpha is None and extra_length is None:
             def run(batch):
                 return self.serve(batch)
@@ -222,6 +241,49 @@ class Translator(tf.Module):
             def run(batch):
                 return self.serve_with_options(batch, *options)
         return translate_in_batches(run, sentences, batch_size)
+
+
+    def _xla_search(self, beam_size, alpha, extra_length):
+        """An XLA-compiled `source_ids -> (sequences, scores)`, one per set of
+        search options (they fix shapes, so they are Python constants)."""
+        if beam_size < 1 or 2 * beam_size > self.config.output_vocab_size:
+            raise ValueError(f"`beam_size` must be in [1, vocab/2], received {beam_size}.")
+        if extra_length < 0:
+            raise ValueError(f"`extra_length` must be >= 0, received {extra_length}.")
+        key = (beam_size, alpha, extra_length)
+        searches = self._xla_searches.value
+        if key not in searches:
+            model = self.model
+            searches[key] = tf.function(
+                lambda source_ids: beam_search_translate(model, source_ids, beam_size, alpha,
+                                                         extra_length),
+                jit_compile=True)
+        return searches[key]
+
+    def _translate_static(self, text, search, batch_size):
+        """`serve`'s computation with the search in XLA on static shapes:
+        tokenize (tf-text, not XLA-compilable) -> pad to `[batch_size,
+        bucketed length]` -> search -> unpad -> detokenize."""
+        text = sanitize_utf8(text)
+        blank = tf.equal(tf.strings.length(tf.strings.strip(text)), 0)
+        tokens = self.tokenizer.tokenize(tf.where(blank, "", text))
+        source_ids, is_empty = self._source_ids(tokens)
+        rows, length = source_ids.shape
+        bucket = -(-length // SOURCE_LENGTH_BUCKET) * SOURCE_LENGTH_BUCKET
+        bucket = min(bucket, self.config.max_length)
+        # Filler rows repeat real ones, so they finish when the batch does
+        # (the search stops early once every row has finished).
+        padded = tf.gather(source_ids, tf.range(batch_size) % rows)
+        padded = tf.pad(padded, [[0, 0], [0, bucket - length]],
+                        constant_values=self.config.pad_id)
+        sequences, scores = search(padded)
+        ids, score = self._best(sequences[:rows], scores[:rows], is_empty)
+        return {"translation": sanitize_utf8(self.tokenizer.detokenize(ids)), "score": score}
+
+
+# In-process XLA search: source lengths are padded up to a multiple of this,
+# so a test set compiles a handful of shapes.
+SOURCE_LENGTH_BUCKET = 8
 
 
 def translate_in_batches(run, sentences, batch_size=32):

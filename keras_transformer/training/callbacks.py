@@ -63,6 +63,31 @@ class StopAtStep(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
+class StopAfterTime(keras.callbacks.Callback):
+    """Stops `fit` once `seconds` of wall time have passed since training
+    began (checked after each update, so the last one finishes). The
+    checkpoint callback then saves at `on_train_end`."""
+
+    def __init__(self, seconds, clock=time.monotonic):
+        super().__init__()
+        if seconds <= 0:
+            raise ValueError(f"`seconds` must be positive, received {seconds}.")
+        self.seconds = seconds
+        self.clock = clock
+        self.started = None
+        self.stopped_at_step = None
+
+    def on_train_begin(self, logs=None):
+        self.started = self.clock()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.stopped_at_step is None and self.clock() - self.started >= self.seconds:
+            self.model.stop_training = True
+            self.stopped_at_step = optimizer_step(self.model.optimizer)
+            print(f"\nStopping after {self.seconds / 60:.1f} minutes of training "
+                  f"(--max-minutes) at step {self.stopped_at_step}.", flush=True)
+
+
 class TrainingLogger(keras.callbacks.Callback):
     """Writes TensorBoard scalars keyed by the optimizer step (so a resumed
     run continues its curves): training loss, learning rate, target tokens/s

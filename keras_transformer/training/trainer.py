@@ -70,6 +70,10 @@ def build_parser():
     g = p.add_argument_group("optimisation")
     g.add_argument("--train-steps", type=int, default=100_000,
                    help="total optimizer updates (paper: 100k base, 300k big)")
+    g.add_argument("--max-minutes", type=float, default=None,
+                   help="also stop after this much training wall time (validation included), "
+                        "with a checkpoint, like fairseq's --stop-time-hours; one-process "
+                        "strategies only")
     g.add_argument("--warmup-steps", type=int, default=4000)
     g.add_argument("--lr-scale", type=float, default=1.0, help="multiplies the schedule")
     g.add_argument("--accumulation-steps", type=int, default=1,
@@ -111,6 +115,14 @@ def validate_args(args):
                          f"({args.max_length}).")
     if args.strategy == "multi_worker_mirrored" and args.logical_cpus > 1:
         raise ValueError("--logical-cpus applies to --strategy mirrored only.")
+    if args.max_minutes is not None:
+        if args.max_minutes <= 0:
+            raise ValueError(f"--max-minutes must be positive, received {args.max_minutes}.")
+        if args.strategy == "multi_worker_mirrored":
+            # Workers' clocks would stop them at different steps, and the
+            # others would wait forever in the next all-reduce.
+            raise ValueError("--max-minutes cannot be used with multi_worker_mirrored: "
+                             "workers could stop at different steps; use --train-steps.")
 
 
 def weights_digest(model):
@@ -284,6 +296,7 @@ def train(args, translate_fn_factory=None, extra_callbacks=()):
 
     callbacks = [
         cb.StopAtStep(args.train_steps),
+        *([cb.StopAfterTime(args.max_minutes * 60)] if args.max_minutes else []),
         StepCheckpoint(writer, args.checkpoint_every),
         cb.TrainingLogger(run.log_dir if chief else None, args.log_every, length_filter),
         *extra_callbacks,

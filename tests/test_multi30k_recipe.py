@@ -1,0 +1,40 @@
+"""scripts/multi30k.sh end to end on a tiny stand-in corpus with Multi30k's
+file layout: a wall-time-budgeted training run (--max-minutes), checkpoint
+averaging, beam search over test_2016_flickr and sacreBLEU. The real run is
+in the README (Recipes)."""
+
+import gzip
+import os
+import re
+import subprocess
+
+from tests.test_distributed import ENV, ROOT, write_corpus
+
+
+def test_the_recipe_runs_on_a_time_budget(tmp_path):
+    data = tmp_path / "multi30k"
+    data.mkdir()
+    write_corpus(str(data))
+    for lang in ("en", "de"):  # gzipped, as Multi30k ships
+        lines = open(data / f"val.{lang}").read().splitlines()[:6]
+        with gzip.open(data / f"test_2016_flickr.{lang}.gz", "wt") as f:
+            f.write("\n".join(lines) + "\n")
+    run = tmp_path / "run"
+    env = {**ENV, "DATA": str(data), "RUN_DIR": str(run), "MINUTES": "0.25"}
+    out = subprocess.run(
+        ["bash", os.path.join(ROOT, "scripts", "multi30k.sh"), "--config", "tiny",
+         "--vocab-size", "400", "--batch-tokens", "128", "--max-length", "64",
+         "--checkpoint-every", "3", "--steps-per-epoch", "5", "--warmup-steps", "20",
+         "--shuffle-buffer", "50"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    stopped = re.search(r"Stopping after 0\.2 minutes of training \(--max-minutes\) at step "
+                        r"(\d+)", out.stdout)
+    assert stopped, out.stdout[-3000:]
+    step = int(stopped.group(1))
+    assert f"Training finished at step {step};" in out.stdout
+    assert (run / "checkpoints" / f"ckpt-{step}.index").exists()  # saved at the stop
+    assert os.listdir(run / "averaged")
+    assert "BLEU|nrefs:1|case:mixed|eff:no|tok:13a" in out.stdout
+    assert len((run / "test_2016_flickr.hyp.de").read_text().splitlines()) == 6
+    assert re.search(r"wall time: training \d+ s", out.stdout)
