@@ -53,7 +53,8 @@ def multi_worker_safe_logs(logs):
     `strategy.reduce("MEAN", value, axis=0)` under multi-worker
     `MultiWorkerMirroredStrategy`, which fails on scalars; give each scalar a
     batch axis of 1 there (the mean of the replicas' equal values is the
-    value). Elsewhere `logs` is returned unchanged."""
+    value). Elsewhere `logs` is returned unchanged: on other backends it is
+    whatever their `train_step` returns (JAX: `(logs, state)`)."""
     if keras.backend.backend() != "tensorflow":
         return logs
     import tensorflow as tf

@@ -195,16 +195,12 @@ class Transformer(keras.Model):
         return super().compute_loss(x, y, y_pred, sample_weight, training)
 
     # TensorFlow's trainer calls `train_step(data)` and gets logs; JAX's calls
-    # `train_step(state, data)` and gets `(logs, state)`. Only the first needs
-    # the multi-worker fix, and both signatures must pass through.
+    # `train_step(state, data)` and gets `(logs, state)`, which
+    # `multi_worker_safe_logs` returns untouched (it acts on TensorFlow only).
     def train_step(self, *args):
-        if keras.backend.backend() != "tensorflow":
-            return super().train_step(*args)
         return distribute.multi_worker_safe_logs(super().train_step(*args))
 
     def test_step(self, *args):
-        if keras.backend.backend() != "tensorflow":
-            return super().test_step(*args)
         return distribute.multi_worker_safe_logs(super().test_step(*args))
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):

@@ -72,7 +72,6 @@ class PhaseClock:
     def __init__(self):
         self.started = self.phase_started = time.time()
         self.name = None
-        self.seconds = {}
 
     def phase(self, title):
         self.stop()
@@ -81,9 +80,7 @@ class PhaseClock:
 
     def stop(self):
         if self.name is not None:
-            took = time.time() - self.phase_started
-            self.seconds[self.name] = took
-            print(f"   ({took:.0f} s)", flush=True)
+            print(f"   ({time.time() - self.phase_started:.0f} s)", flush=True)
             self.name = None
 
     def minutes(self):

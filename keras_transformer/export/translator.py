@@ -85,15 +85,7 @@ class Translator(tf.Module):
         super().__init__(name=name)
         config = model.config
         _check_matches(config, tokenizer)
-        if not isinstance(beam_size, int) or beam_size < 1:
-            raise ValueError(f"`beam_size` must be an int >= 1, received {beam_size!r}.")
-        if not isinstance(extra_length, int) or extra_length < 0:
-            raise ValueError(f"`extra_length` must be an int >= 0, received {extra_length!r}.")
-        if 2 * beam_size > config.output_vocab_size:
-            raise ValueError(
-                f"`beam_size` ({beam_size}) must be at most half the vocabulary "
-                f"({config.output_vocab_size})."
-            )
+        _check_search_options(beam_size, extra_length, config.output_vocab_size)
         self._model = _Unchecked(model)
         self.config = config
         self.tokenizer = tokenizer
@@ -165,11 +157,14 @@ class Translator(tf.Module):
         score = tf.where(is_empty, 0.0, scores[:, 0])
         return best, score
 
-    def _translate_text(self, text, beam_size, alpha, extra_length):
+    def _translate_text(self, text, translate_tokens):
+        """Strings in, strings out around `translate_tokens`: RaggedTensor of
+        source tokens -> `(ids, scores)` (`_translate_tokens` in the graph,
+        `_translate_tokens_static` under XLA)."""
         text = sanitize_utf8(text)
         blank = tf.equal(tf.strings.length(tf.strings.strip(text)), 0)
         tokens = self.tokenizer.tokenize(tf.where(blank, "", text))
-        ids, score = self._translate_tokens(tokens, beam_size, alpha, extra_length)
+        ids, score = translate_tokens(tokens)
         return {
             "translation": sanitize_utf8(self.tokenizer.detokenize(ids)),
             "score": score,
@@ -177,13 +172,15 @@ class Translator(tf.Module):
 
     @tf.function(input_signature=[TEXT_SPEC])
     def serve(self, text):
-        return self._translate_text(text, self.beam_size, self.alpha, self.extra_length)
+        return self._translate_text(text, lambda tokens: self._translate_tokens(
+            tokens, self.beam_size, self.alpha, self.extra_length))
 
     @tf.function(input_signature=[TEXT_SPEC, BEAM_SIZE_SPEC, ALPHA_SPEC, EXTRA_LENGTH_SPEC])
     def serve_with_options(self, text, beam_size, alpha, extra_length):
         beam_size = _checked_beam_size(beam_size, self.config.output_vocab_size)
         extra_length = tf.maximum(extra_length, 0)
-        return self._translate_text(text, beam_size, alpha, extra_length)
+        return self._translate_text(text, lambda tokens: self._translate_tokens(
+            tokens, beam_size, alpha, extra_length))
 
     @tf.function(input_signature=[IDS_SPEC])
     def serve_ids(self, source_ids):
@@ -225,7 +222,8 @@ class Translator(tf.Module):
                 self.alpha if alpha is None else float(alpha),
                 self.extra_length if extra_length is None else int(extra_length))
             return translate_in_batches(
-                lambda batch: self._translate_static(batch, search, batch_size),
+                lambda batch: self._translate_text(batch, lambda tokens: (
+                    self._translate_tokens_static(tokens, search, batch_size))),
                 sentences, batch_size)
         if beam_size is None and alpha is None and extra_length is None:
             def run(batch):
@@ -242,14 +240,10 @@ class Translator(tf.Module):
                 return self.serve_with_options(batch, *options)
         return translate_in_batches(run, sentences, batch_size)
 
-
     def _xla_search(self, beam_size, alpha, extra_length):
         """An XLA-compiled `source_ids -> (sequences, scores)`, one per set of
         search options (they fix shapes, so they are Python constants)."""
-        if beam_size < 1 or 2 * beam_size > self.config.output_vocab_size:
-            raise ValueError(f"`beam_size` must be in [1, vocab/2], received {beam_size}.")
-        if extra_length < 0:
-            raise ValueError(f"`extra_length` must be >= 0, received {extra_length}.")
+        _check_search_options(beam_size, extra_length, self.config.output_vocab_size)
         key = (beam_size, alpha, extra_length)
         searches = self._xla_searches.value
         if key not in searches:
@@ -260,13 +254,10 @@ class Translator(tf.Module):
                 jit_compile=True)
         return searches[key]
 
-    def _translate_static(self, text, search, batch_size):
-        """`serve`'s computation with the search in XLA on static shapes:
-        tokenize (tf-text, not XLA-compilable) -> pad to `[batch_size,
-        bucketed length]` -> search -> unpad -> detokenize."""
-        text = sanitize_utf8(text)
-        blank = tf.equal(tf.strings.length(tf.strings.strip(text)), 0)
-        tokens = self.tokenizer.tokenize(tf.where(blank, "", text))
+    def _translate_tokens_static(self, tokens, search, batch_size):
+        """`_translate_tokens` with the XLA `search` on static shapes: pad
+        to `[batch_size, bucketed length]` -> search -> unpad. (Tokenizing
+        stays outside XLA: tf-text ops do not compile.)"""
         source_ids, is_empty = self._source_ids(tokens)
         rows, length = source_ids.shape
         bucket = -(-length // SOURCE_LENGTH_BUCKET) * SOURCE_LENGTH_BUCKET
@@ -277,8 +268,7 @@ class Translator(tf.Module):
         padded = tf.pad(padded, [[0, 0], [0, bucket - length]],
                         constant_values=self.config.pad_id)
         sequences, scores = search(padded)
-        ids, score = self._best(sequences[:rows], scores[:rows], is_empty)
-        return {"translation": sanitize_utf8(self.tokenizer.detokenize(ids)), "score": score}
+        return self._best(sequences[:rows], scores[:rows], is_empty)
 
 
 # In-process XLA search: source lengths are padded up to a multiple of this,
@@ -302,6 +292,18 @@ def translate_in_batches(run, sentences, batch_size=32):
             translations[i] = text.decode("utf-8")
             scores[i] = float(score)
     return translations, scores
+
+
+def _check_search_options(beam_size, extra_length, vocab_size):
+    """Python-side checks of search options that fix shapes."""
+    if not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"`beam_size` must be an int >= 1, received {beam_size!r}.")
+    if not isinstance(extra_length, int) or extra_length < 0:
+        raise ValueError(f"`extra_length` must be an int >= 0, received {extra_length!r}.")
+    if 2 * beam_size > vocab_size:
+        raise ValueError(
+            f"`beam_size` ({beam_size}) must be at most half the vocabulary ({vocab_size})."
+        )
 
 
 def _checked_beam_size(beam_size, vocab_size):
