@@ -161,7 +161,7 @@ class Transformer(keras.Model):
         keys/values computed once (see `Decoder.init_cache`)."""
         return self.decoder.init_cache(memory, max_length)
 
-    def decode_step(self, ids, step, cache, memory_mask):
+    def decode_step(self, ids, step, cache, memory_mask, parents=None):
         """Logits for position `step` given the token at that position.
 
         Args:
@@ -169,11 +169,14 @@ class Transformer(keras.Model):
             step: scalar int.
             cache: from `init_decoding_cache` (or a previous step).
             memory_mask: `(batch, 1, 1, src_len)`.
+            parents: optional `(batch,)` int: row `i` continues the
+                hypothesis in row `parents[i]` of `cache` (beam search); the
+                self-attention caches are reordered as they are written.
 
         Returns: `(logits (batch, vocab) float32, new_cache)`.
         """
         x = self.target_embedding(ops.expand_dims(ids, 1), start_index=step, training=False)
-        x, cache = self.decoder.decode_step(x, step, cache, memory_mask)
+        x, cache = self.decoder.decode_step(x, step, cache, memory_mask, parents)
         return self.project(x)[:, 0, :], cache
 
     # Training ---------------------------------------------------------------

@@ -1,11 +1,15 @@
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
+from keras import ops
 
 import keras_transformer as kt
 from conftest import random_ids
 from keras_transformer import decoding
 from keras_transformer.decoding import beam_search, greedy_search, length_penalty
+from keras_transformer.decoding.common import top_k
 from scripted import (
     A, B, BOS, EOS, PAD, MarkovScript, PrefixScript, random_prefix_tables, random_tables,
     table,
@@ -119,6 +123,54 @@ def test_sentences_in_a_batch_are_independent():
         np.testing.assert_allclose(together[1][i], alone[1][0], rtol=1e-5)
 
 
+def test_per_sentence_limits_match_searching_each_sentence_at_its_own_limit():
+    # One search, a wider buffer, limits 3, 7, 5 and 1; a low eos bias so
+    # that hypotheses run into their limits.
+    tables = random_prefix_tables(4, 9, seed=6, eos_bias=-2.0)
+    limits = [3, 7, 5, 1]
+    script = PrefixScript(tables)
+    sequences, scores = (np.asarray(t) for t in beam_search(
+        script, np.full((4,), BOS), script.initial_cache([0, 1, 2, 3]), 3, 0.6, 9,
+        eos_id=EOS, pad_id=PAD, length_limit=np.array(limits, np.int32)))
+    assert sequences.shape == (4, 3, 9)
+    truncated = 0
+    for i, limit in enumerate(limits):
+        alone_sequences, alone_scores = run(PrefixScript(tables), [i], 3, 0.6, limit)
+        np.testing.assert_array_equal(sequences[i, :, :limit], alone_sequences[0])
+        assert np.all(sequences[i, :, limit:] == PAD)
+        np.testing.assert_allclose(scores[i], alone_scores[0], rtol=1e-5)
+        truncated += int(np.sum(alone_sequences[0][:, -1] != PAD))
+    assert truncated > 0  # some hypotheses were cut at their limit
+
+
+@pytest.mark.parametrize("width", [8192, 5000])  # a multiple of the chunk, and not
+@pytest.mark.parametrize("compiled", [False, True])
+def test_chunked_top_k_equals_top_k(width, compiled):
+    rng = np.random.default_rng(width)
+    x = rng.normal(size=(5, 3, width)).astype("float32")
+    x[0, 0, :] = -1e9  # a row of equal values
+    x[1, 0, 4100:4108] = 50.0  # the k largest all in one chunk
+    run_top_k = tf.function(top_k, jit_compile=True) if compiled else top_k
+    values, indices = (np.asarray(t) for t in run_top_k(tf.constant(x), 8))
+    expected_values, _ = ops.top_k(x, 8)
+    np.testing.assert_array_equal(values, expected_values)
+    assert indices.dtype == np.int32 and np.all((indices >= 0) & (indices < width))
+    np.testing.assert_array_equal(np.take_along_axis(x, indices, axis=-1), values)
+    assert all(len(set(row)) == 8 for row in indices.reshape(-1, 8))
+
+
+def test_beam_search_is_the_same_with_the_chunked_top_k(monkeypatch):
+    # A vocabulary large enough for the chunked path (beam * vocab >= 4 * 2
+    # beam * 128), against the plain `ops.top_k`.
+    tables = random_prefix_tables(3, 1100, seed=7, rows=12, eos_bias=3.0)
+    fast = run(PrefixScript(tables), [0, 1, 2], 3, 0.6, 10)
+    module = sys.modules["keras_transformer.decoding.beam_search"]
+    monkeypatch.setattr(module, "top_k", ops.top_k)
+    plain = run(PrefixScript(tables), [0, 1, 2], 3, 0.6, 10)
+    np.testing.assert_array_equal(fast[0], plain[0])
+    np.testing.assert_allclose(fast[1], plain[1], rtol=1e-6)
+
+
 def test_n_best_is_sorted_and_scores_match_the_sequences():
     script = PrefixScript(random_prefix_tables(3, 9, seed=2))
     sequences, scores = run(script, [0, 1, 2], 4, 0.6, 6)
@@ -156,6 +208,25 @@ def test_beam_one_is_greedy_with_the_model():
     greedy_sequences, greedy_scores = decoding.greedy_translate(model, src, extra_length=4)
     np.testing.assert_array_equal(np.asarray(sequences)[:, 0], greedy_sequences)
     np.testing.assert_allclose(np.asarray(scores)[:, 0], greedy_scores, rtol=1e-5)
+
+
+def test_a_model_reordering_its_own_cache_equals_the_search_reordering_it():
+    # `reorders_cache=True` (the model gathers cache rows as it writes them)
+    # against the search gathering the whole cache after every step.
+    config = kt.get_config("tiny", vocab_size=40, dropout=0.0, max_length=32)
+    model = kt.Transformer(config)
+    model.build()
+    src = random_ids((3, 6))
+    src[:, -1] = config.eos_id
+    initial_ids, cache, step_fn = decoding.prepare_decoding(model, src, 9, beam_size=4)
+    results = [
+        [np.asarray(t) for t in beam_search(
+            step_fn, initial_ids, cache, 4, 0.6, 9, eos_id=config.eos_id,
+            pad_id=config.pad_id, reorders_cache=reorders)]
+        for reorders in (True, False)
+    ]
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-5, atol=1e-6)
 
 
 def test_runs_compiled_with_xla_and_with_tensor_arguments():

@@ -49,6 +49,13 @@ for key in ("ids", "long_ids", "truncated_ids"):
     out[key] = {"ids": r["translation_ids"].numpy().tolist(), "score": r["score"].numpy().tolist()}
 r = sig["serving_default"](text=tf.constant([], tf.string))
 out["empty_batch"] = r["translation"].shape.as_list()
+for key in ("sentences", "bad"):
+    r = sig["translate_xla"](text=texts(key))
+    out["xla_" + key] = {"translation": [base64.b64encode(t).decode()
+                                         for t in r["translation"].numpy()],
+                         "score": r["score"].numpy().tolist()}
+r = sig["translate_xla"](text=tf.constant([], tf.string))
+out["xla_empty_batch"] = r["translation"].shape.as_list()
 try:
     sig["translate_with_options"](text=texts("sentences"), beam_size=tf.constant(0),
                                   alpha=tf.constant(0.6), extra_length=tf.constant(5))
@@ -64,6 +71,31 @@ for graph in proto.meta_graphs:
     for function in graph.graph_def.library.function:
         ops |= {node.op for node in function.node_def}
 out["ops"] = sorted(ops)
+# Which signatures reach a function XLA must compile (TF Serving runs those
+# only with --xla_cpu_compilation_enabled=true).
+graph = proto.meta_graphs[0]
+library = {f.signature.name: f for f in graph.graph_def.library.function}
+must_compile = {name for name, f in library.items()
+                if "_XlaMustCompile" in f.attr and f.attr["_XlaMustCompile"].b}
+def callees(node):
+    for attr in node.attr.values():
+        if attr.HasField("func"):
+            yield attr.func.name
+        yield from (f.name for f in attr.list.func)
+nodes = {node.name: node for node in graph.graph_def.node}
+out["reaches_xla"] = {}
+for name, signature in graph.signature_def.items():
+    stack, seen = [], set()
+    for tensor in signature.outputs.values():
+        stack.extend(callees(nodes[tensor.name.split(":")[0]]))
+    while stack:
+        function = stack.pop()
+        if function in seen or function not in library:
+            continue
+        seen.add(function)
+        for node in library[function].node_def:
+            stack.extend(callees(node))
+    out["reaches_xla"][name] = bool(seen & must_compile)
 out["unregistered"] = sorted(op for op in ops if op_def_registry.get(op) is None)
 out["our_modules"] = sorted(m for m in sys.modules if m.startswith("keras_transformer"))
 print(json.dumps(out))
@@ -106,6 +138,8 @@ def exported(tmp_path_factory):
         "xla_options": translator.translate(SENTENCES, beam_size=2, alpha=0.0,
                                             extra_length=3, jit_compile=True),
         "all": translator.translate(SENTENCES + BAD, batch_size=3),
+        "alone": translator.translate(["Two dogs"]),
+        "beside_long": translator.translate([LONG, "Two dogs"]),
         "num_weights": len({id(w.value) for w in model.weights}),
         "weight_shapes": sorted(tuple(w.shape) for w in model.weights),
         "long_tokens": long_tokens,
@@ -171,6 +205,27 @@ def test_xla_translation_matches_the_graph_translation(exported):
     np.testing.assert_allclose(scores, exported["options"][1], rtol=1e-4, atol=1e-4)
 
 
+def test_the_xla_signature_gives_the_serving_default_translations(exported, fresh):
+    for key in ("sentences", "bad"):
+        assert decoded(fresh["xla_" + key]) == decoded(fresh[key])
+        np.testing.assert_allclose(fresh["xla_" + key]["score"], fresh[key]["score"],
+                                   rtol=1e-4, atol=1e-4)
+    assert fresh["xla_empty_batch"] == [0]
+    # Only translate_xla needs an XLA-enabled server.
+    assert fresh["reaches_xla"] == {"serving_default": False,
+                                    "translate_with_options": False,
+                                    "translate_ids": False, "translate_xla": True,
+                                    "__saved_model_init_op": False}
+
+
+def test_a_translation_does_not_depend_on_its_batch(exported):
+    # Output limits are per sentence (source tokens + extra), not the
+    # batch's longest: alone or beside a long sentence, the same result.
+    alone = exported["alone"]
+    assert exported["beside_long"][0][1] == alone[0][0]
+    np.testing.assert_allclose(exported["beside_long"][1][1], alone[1][0], rtol=1e-5)
+
+
 def test_long_sources_are_truncated_as_documented(exported, fresh):
     assert len(exported["long_tokens"]) > MAX_LENGTH
     assert fresh["long_ids"] == fresh["truncated_ids"]
@@ -199,7 +254,7 @@ def test_saved_model_cli_lists_the_signatures(exported):
                           capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert done.returncode == 0, done.stderr[-2000:]
-    for name in ("serving_default", "translate_with_options", "translate_ids",
+    for name in ("serving_default", "translate_with_options", "translate_ids", "translate_xla",
                  "inputs['text']", "outputs['translation']", "outputs['score']"):
         assert name in done.stdout
 
@@ -229,7 +284,16 @@ class _Tiny(tf.Module):
         return {"serving_default": self.serve.get_concrete_function()}
 
     def metadata(self):
-        return {"beam_size": 1}
+        return {"beam_size": 1, "alpha": 0.6, "extra_length": 5}
+
+
+def test_an_export_without_the_xla_signature_is_a_clear_error_with_xla(tmp_path):
+    from keras_transformer.export.saved_model import SavedModelTranslator
+
+    translator = SavedModelTranslator(export_translator(_Tiny(), str(tmp_path), name="m"))
+    assert translator.translate(["a"]) == (["a"], [1.0])
+    with pytest.raises(ValueError, match="no translate_xla signature.*--no-xla"):
+        translator.translate(["a"], jit_compile=True)
 
 
 def test_versions_are_next_integers_written_atomically(tmp_path):

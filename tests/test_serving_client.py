@@ -61,6 +61,14 @@ def test_translates_through_the_predict_api(server):
                     "inputs": {"text": ["ein hund", "", {"b64": "Y2Fmww=="}]}}
 
 
+def test_xla_clients_ask_for_the_xla_signature(server):
+    client = RestClient(server, model="de_en", xla=True)
+    assert client.translate(["ein hund"]) == (["EIN HUND"], [-8.0])
+    client.translate(["x"], beam_size=2, alpha=0.0, extra_length=10)
+    assert [body["signature_name"] for _, body in _StubServing.requests] == [
+        "translate_xla", "translate_with_options"]
+
+
 def test_options_use_their_signature(server):
     client = RestClient(server, model="de_en")
     client.translate(["x"], beam_size=2, alpha=0.0, extra_length=10)

@@ -64,6 +64,14 @@ def test_export_translate_and_evaluate(tmp_path):
     lines = out.getvalue().split("\n")[:-1]
     assert len(lines) == 4 and lines[1] == "0.0000\t"
     assert from_saved[1] == "" and from_saved[0]
+    # The default above ran the SavedModel's translate_xla; its XLA-free
+    # serving_default gives the same.
+    saved_no_xla, saved_no_xla_scores = script("translate").main(
+        ["--saved-model", exported, "--input", str(source), "--scores", "--no-xla"],
+        stdout=io.StringIO(),
+    )
+    assert saved_no_xla == from_saved
+    assert saved_no_xla_scores == pytest.approx(saved_scores, abs=1e-4)
 
     out = io.StringIO()
     from_run, run_scores = script("translate").main(

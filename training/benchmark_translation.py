@@ -1,10 +1,14 @@
 #!/usr/bin/env python
 """Measures an exported translator on this machine: beam-search throughput
 (sentences/s over batches) and single-sentence latency (p50, p95), through
-the SavedModel's `serving_default` signature, as TF Serving would run it.
+one of the SavedModel's signatures, as TF Serving would run it:
+`serving_default` (stock server) or `translate_xla` (a server started with
+`--xla_cpu_compilation_enabled=true`; the first request of each shape
+bucket compiles, so each is warmed up first).
 
     python training/benchmark_translation.py                      # a random `small` model
     python training/benchmark_translation.py --saved-model saved_models/de_en
+    python training/benchmark_translation.py --signature translate_xla
 
 Without --saved-model it builds the `small` config with random weights and a
 SentencePiece vocabulary trained on the source file, and exports it to a
@@ -66,6 +70,8 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--latency-runs", type=int, default=50,
                         help="single-sentence requests for the latency percentiles")
+    parser.add_argument("--signature", default="serving_default",
+                        choices=["serving_default", "translate_xla"])
     args = parser.parse_args(argv)
 
     import tensorflow_text  # noqa: F401
@@ -78,26 +84,30 @@ def main(argv=None):
         from keras_transformer.export.saved_model import read_metadata, resolve_version
 
         path = resolve_version(path)
-        serve = tf.saved_model.load(path).signatures["serving_default"]
+        serve = tf.saved_model.load(path).signatures[args.signature]
         metadata = read_metadata(path)
 
         test = sentences[: args.num_sentences]
         batches = sorted(test, key=len)
         batches = [batches[i:i + args.batch_size]
                    for i in range(0, len(batches), args.batch_size)]
-        serve(text=tf.constant(batches[0]))  # warm up
+        for batch in batches:  # warm up (XLA: compile every shape bucket)
+            serve(text=tf.constant(batch))
         start = time.perf_counter()
         for batch in batches:
             serve(text=tf.constant(batch))["translation"].numpy()
         throughput = len(test) / (time.perf_counter() - start)
 
         latencies = []
+        for sentence in sentences[: args.latency_runs]:  # warm up
+            serve(text=tf.constant([sentence]))
         for sentence in sentences[: args.latency_runs]:
             start = time.perf_counter()
             serve(text=tf.constant([sentence]))["translation"].numpy()
             latencies.append(time.perf_counter() - start)
     result = {
         "saved_model": args.saved_model or f"random {args.config} model",
+        "signature": args.signature,
         "beam_size": metadata["beam_size"], "alpha": metadata["alpha"],
         "extra_length": metadata["extra_length"],
         "num_sentences": len(test), "batch_size": args.batch_size,

@@ -18,14 +18,16 @@ The algorithm (after T2T, Model Garden's `ops/beam_search.py` and fairseq):
   always enough, since each hypothesis contributes at most one eos
   candidate). So beam search with `beam_size=1` and `alpha=0` is greedy
   search.
-- A hypothesis that reaches `max_decode_length` tokens is finished there
-  without an eos (its output is truncated).
+- A hypothesis that reaches its sentence's length limit (`length_limit`,
+  per sentence, default `max_decode_length`) is finished there without an
+  eos (its output is truncated). Limits per sentence keep a translation
+  independent of the batch it was decoded in.
 - A sentence is done when its finished set is full and its worst finished
   score is at least the best score any alive hypothesis could still reach
   (its log-probability can only fall; the penalty is monotonic in the
   length, so the bound is taken at the shortest or the longest length still
-  possible). The loop stops when every sentence is done or the length limit
-  is reached.
+  possible), or when it reaches its limit. The loop stops when every
+  sentence is done.
 """
 
 import keras
@@ -37,6 +39,7 @@ from keras_transformer.decoding.common import (
     length_penalty,
     log_softmax,
     resolve_max_length,
+    top_k,
     write_position,
 )
 
@@ -73,7 +76,8 @@ def _flat_beam_indices(beam_indices, beams_in):
 
 
 def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alpha,
-                max_decode_length, eos_id, pad_id=0):
+                max_decode_length, eos_id, pad_id=0, length_limit=None,
+                reorders_cache=False):
     """Batched beam search.
 
     Args:
@@ -94,6 +98,21 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
             generate (eos included).
         eos_id: the end-of-sentence id.
         pad_id: written after a hypothesis's last token.
+        length_limit: optional int, scalar or `(batch,)` int tensor (values
+            above `max_decode_length` count as `max_decode_length`): the
+            most tokens to generate, per sentence if a vector. The width of
+            the output fixes shapes (under XLA it must be known at compile
+            time); the limits need not be, so one compiled search serves
+            every limit up to the width, and a sentence's limit can follow
+            its own length rather than its batch's. Default:
+            `max_decode_length`.
+        reorders_cache: if True, the search does not gather the cache when
+            it selects beams; instead `symbols_to_logits_fn(ids, step, cache,
+            parents)` gets `parents` `(batch * beam,)` int32, meaning row
+            `i` continues the hypothesis in row `parents[i]` of `cache`, and
+            returns its new cache in the order of `ids`. A step that writes
+            its cache anyway can then reorder and write in one pass (see
+            `layers/decoder.py`, `write_cache`).
 
     Returns:
         `(sequences (batch, beam, max_decode_length) int32, scores (batch,
@@ -106,6 +125,12 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
     max_length = resolve_max_length(max_decode_length)
     initial_ids = ops.cast(initial_ids, "int32")
     batch_size = ops.shape(initial_ids)[0]
+    # `max_length` sizes the buffers; `limit` `(batch,)` is where each
+    # sentence's hypotheses stop.
+    limit = max_length if length_limit is None else ops.minimum(
+        resolve_max_length(length_limit), max_length)
+    limit = ops.broadcast_to(ops.cast(limit, "int32"), (batch_size,))
+    last_step = ops.max(limit)
     beam = beam_size
     first_beam = ops.expand_dims(ops.equal(ops.arange(beam), 0), 0)
     state = {
@@ -120,6 +145,8 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
         "alive_cache": keras.tree.map_structure(
             lambda x: tile_beams(x, beam), initial_cache
         ),
+        # With `reorders_cache`, the cache rows each hypothesis continues.
+        "alive_parents": ops.arange(batch_size * beam, dtype="int32"),
         "finished_sequences": ops.full((batch_size, beam, max_length), pad_id, "int32"),
         "finished_scores": ops.full((batch_size, beam), NEG, SCORE_DTYPE),
         "finished_flags": ops.zeros((batch_size, beam), "bool"),
@@ -130,30 +157,36 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
         """Upper bound `(batch,)` on the final score of any alive hypothesis
         after `step + 1` tokens have been generated."""
         best = ops.max(alive_log_probs, axis=1)
-        shortest = ops.minimum(step + 2, max_length)
+        shortest = ops.minimum(step + 2, limit)  # (batch,)
         return ops.maximum(
-            best / length_penalty(shortest, alpha), best / length_penalty(max_length, alpha)
+            best / length_penalty(shortest, alpha), best / length_penalty(limit, alpha)
         )
 
     def cond(state):
         return ops.logical_and(
-            ops.less(state["step"], max_length),
+            ops.less(state["step"], last_step),
             ops.logical_not(ops.all(state["done"])),
         )
 
     def body(state):
         step = state["step"]
-        logits, cache = symbols_to_logits_fn(
-            ops.reshape(state["alive_last_ids"], (-1,)), step, state["alive_cache"]
-        )
+        ids = ops.reshape(state["alive_last_ids"], (-1,))
+        if reorders_cache:
+            logits, cache = symbols_to_logits_fn(ids, step, state["alive_cache"],
+                                                 state["alive_parents"])
+        else:
+            logits, cache = symbols_to_logits_fn(ids, step, state["alive_cache"])
         log_probs = log_softmax(logits)
         vocab_size = ops.shape(log_probs)[-1]
         log_probs = ops.reshape(log_probs, (batch_size, beam, vocab_size))
 
-        # 2 * beam candidates by total log-probability.
+        # 2 * beam candidates by total log-probability. (A static width
+        # lets `top_k` take its fast path.)
         total = ops.expand_dims(state["alive_log_probs"], 2) + log_probs
-        candidate_log_probs, flat_ids = ops.top_k(
-            ops.reshape(total, (batch_size, -1)), 2 * beam
+        width = beam * vocab_size
+        candidate_log_probs, flat_ids = top_k(
+            ops.reshape(total, (-1, width) if isinstance(width, int) else (batch_size, -1)),
+            2 * beam,
         )
         candidate_beams = ops.cast(flat_ids // vocab_size, "int32")
         candidate_tokens = ops.cast(flat_ids % vocab_size, "int32")
@@ -173,16 +206,21 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
             "alive_sequences": gather_beams(candidate_sequences, alive_picks),
             "alive_log_probs": alive_scores,
             "alive_last_ids": ops.take_along_axis(candidate_tokens, alive_picks, axis=1),
-            "alive_cache": keras.tree.map_structure(
+            "alive_cache": cache if reorders_cache else keras.tree.map_structure(
                 lambda x: ops.take(x, flat_parents, axis=0), cache
             ),
+            "alive_parents": flat_parents,
         }
 
         # Candidates ranked in the top `beam` that end in eos (or reach the
-        # length limit) join the finished set; keep its best `beam`.
+        # length limit) join the finished set; keep its best `beam`. A
+        # sentence past its limit (others in the batch still run) takes no
+        # more.
         in_top_beam = ops.expand_dims(ops.less(ops.arange(2 * beam), beam), 0)
-        at_limit = ops.greater_equal(step + 1, max_length)
-        finishing = ops.logical_and(in_top_beam, ops.logical_or(is_eos, at_limit))
+        at_limit = ops.expand_dims(ops.equal(step + 1, limit), 1)
+        within = ops.expand_dims(ops.less_equal(step + 1, limit), 1)
+        finishing = ops.logical_and(
+            ops.logical_and(in_top_beam, within), ops.logical_or(is_eos, at_limit))
         finishing_scores = ops.where(
             finishing, candidate_log_probs / length_penalty(step + 1, alpha), NEG
         )
@@ -198,9 +236,12 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
         worst_finished = ops.min(
             ops.where(new_state["finished_flags"], finished_scores, NEG), axis=1
         )
-        new_state["done"] = ops.logical_and(
-            ops.all(new_state["finished_flags"], axis=1),
-            ops.greater_equal(worst_finished, best_reachable_score(alive_scores, step)),
+        new_state["done"] = ops.logical_or(
+            ops.logical_and(
+                ops.all(new_state["finished_flags"], axis=1),
+                ops.greater_equal(worst_finished, best_reachable_score(alive_scores, step)),
+            ),
+            ops.greater_equal(step + 1, limit),
         )
         return new_state
 

@@ -47,6 +47,45 @@ def log_softmax(logits):
     return ops.maximum(log_probs, large_negative(SCORE_DTYPE))
 
 
+# `top_k` splits a long last axis into chunks of this many entries.
+TOP_K_CHUNK = 128
+
+
+def top_k(x, k, chunk=TOP_K_CHUNK):
+    """`ops.top_k(x, k)` over the last axis, exact, and several times faster
+    under XLA on CPU for a long last axis (a beam's `beam * vocab`
+    candidates), where XLA sorts the whole row.
+
+    The k largest entries of a row lie in the k chunks with the largest
+    maxima (any other chunk's maximum is below k entries of other chunks),
+    so: one pass for the chunk maxima, a top-k over those, and a top-k over
+    the `k * chunk` entries of the chosen chunks. Values equal those of
+    `ops.top_k`; among tied values the order may differ. Used when `k` and
+    the last axis are static and the axis is at least `4 * k * chunk` long;
+    otherwise it is `ops.top_k`.
+
+    Args:
+        x: `(..., n)` float.
+        k: Python int.
+
+    Returns: `(values (..., k), indices (..., k) int32)`, values descending.
+    """
+    n = x.shape[-1]
+    if not isinstance(k, int) or n is None or n < 4 * k * chunk:
+        return ops.top_k(x, k)
+    pad = -n % chunk
+    if pad:  # -inf is never chosen: every row has at least k real entries
+        x = ops.pad(x, [[0, 0]] * (len(x.shape) - 1) + [[0, pad]],
+                    constant_values=float("-inf"))
+    lead = tuple(ops.shape(x)[:-1])
+    chunks = ops.reshape(x, lead + ((n + pad) // chunk, chunk))
+    _, best_chunks = ops.top_k(ops.max(chunks, axis=-1), k)
+    picked = ops.take_along_axis(chunks, ops.expand_dims(best_chunks, -1), axis=-2)
+    values, within = ops.top_k(ops.reshape(picked, lead + (k * chunk,)), k)
+    chunk_of = ops.take_along_axis(best_chunks, within // chunk, axis=-1)
+    return values, ops.cast(chunk_of * chunk + within % chunk, "int32")
+
+
 def resolve_max_length(max_decode_length):
     """At least one step, as an int32 scalar (or a Python int)."""
     if isinstance(max_decode_length, int):

@@ -16,13 +16,16 @@ DEFAULT_ALPHA = 0.6
 DEFAULT_EXTRA_LENGTH = 50
 
 
-def decoding_length(source_ids, extra_length, max_length):
+def decoding_length(source_ids, extra_length, max_length, source_length=None):
     """`min(src_len + extra_length, max_length)`: the most target tokens
     (eos included) for a batch of `source_ids` `(batch, src_len)`; the cap
-    keeps target positions inside the model's `config.max_length`."""
+    keeps target positions inside the model's `config.max_length`.
+    `source_length` (int, scalar or `(batch,)` tensor) replaces `src_len`:
+    per-sentence lengths give per-sentence limits."""
     if isinstance(extra_length, int) and extra_length < 0:
         raise ValueError(f"`extra_length` must be >= 0, received {extra_length}.")
-    source_length = ops.shape(source_ids)[1]
+    if source_length is None:
+        source_length = ops.shape(source_ids)[1]
     if isinstance(source_length, int) and isinstance(extra_length, int):
         return max(1, min(source_length + extra_length, max_length))
     return ops.maximum(
@@ -36,13 +39,14 @@ def prepare_decoding(model, source_ids, max_decode_length, beam_size=1):
     """Encodes `source_ids` `(batch, src_len)` and returns `(initial_ids
     (batch,), cache, symbols_to_logits_fn)` for `beam_search`/`greedy_search`.
 
-    The cache, which the search tiles and reorders, holds only what changes
-    between steps: each decoder layer's self-attention `key`/`value`
-    `(batch, heads, max_decode_length, depth)`. The encoder-decoder keys and
-    values and the source mask never change and are the same for every beam
-    of a sentence, so they are computed once, tiled `beam_size` times here,
-    and closed over by the step function instead of being gathered at every
-    step.
+    The cache, which the search tiles, holds only what changes between
+    steps: each decoder layer's self-attention `key`/`value` `(batch, heads,
+    max_decode_length, depth)`. The step function takes `parents` (see
+    `beam_search`'s `reorders_cache`) and reorders the cache as it writes
+    it, in one pass. The encoder-decoder keys and values and the source mask
+    never change and are the same for every beam of a sentence, so they are
+    computed once, tiled `beam_size` times here, and closed over by the step
+    function instead of being gathered at every step.
     """
     memory, memory_mask = model.encode(source_ids, training=False)
     layers = model.init_decoding_cache(memory, max_decode_length)
@@ -53,9 +57,9 @@ def prepare_decoding(model, source_ids, max_decode_length, beam_size=1):
         constant = keras.tree.map_structure(lambda x: tile_beams(x, beam_size), constant)
         memory_mask = tile_beams(memory_mask, beam_size)
 
-    def symbols_to_logits_fn(ids, step, cache):
+    def symbols_to_logits_fn(ids, step, cache, parents=None):
         full = [dict(c, **k) for c, k in zip(cache, constant)]
-        logits, full = model.decode_step(ids, step, full, memory_mask)
+        logits, full = model.decode_step(ids, step, full, memory_mask, parents)
         return logits, [{"key": c["key"], "value": c["value"]} for c in full]
 
     initial_ids = ops.full((ops.shape(source_ids)[0],), model.config.bos_id, "int32")
@@ -63,7 +67,8 @@ def prepare_decoding(model, source_ids, max_decode_length, beam_size=1):
 
 
 def beam_search_translate(model, source_ids, beam_size=DEFAULT_BEAM_SIZE,
-                          alpha=DEFAULT_ALPHA, extra_length=DEFAULT_EXTRA_LENGTH):
+                          alpha=DEFAULT_ALPHA, extra_length=DEFAULT_EXTRA_LENGTH,
+                          source_length=None):
     """Beam search with `model`.
 
     Args:
@@ -71,16 +76,29 @@ def beam_search_translate(model, source_ids, beam_size=DEFAULT_BEAM_SIZE,
         source_ids: `(batch, src_len)` int, padded with `config.pad_id`
             (ending in eos, as the model was trained).
         beam_size, alpha, extra_length: ints/floats or scalar tensors.
+        source_length: optional `(batch,)` (or scalar) int tensor: each
+            sentence's source length, eos included. Each sentence's output
+            limit, `min(source_length + extra_length, config.max_length)`,
+            is computed from it, so neither the batch's other sentences nor
+            padding to bucketed shapes (XLA) change a translation. Default:
+            the width of `source_ids` for every sentence (the limit of Model
+            Garden and fairseq).
 
     Returns: `(sequences (batch, beam, max_decode_length) int32, scores
-    (batch, beam) float32)`, best first (see `beam_search`).
+    (batch, beam) float32)`, best first (see `beam_search`);
+    `max_decode_length` comes from the width of `source_ids`.
     """
     config = model.config
     max_decode_length = decoding_length(source_ids, extra_length, config.max_length)
+    length_limit = None
+    if source_length is not None:
+        length_limit = decoding_length(source_ids, extra_length, config.max_length,
+                                       source_length)
     initial_ids, cache, step_fn = prepare_decoding(model, source_ids, max_decode_length,
                                                    beam_size)
     return beam_search(step_fn, initial_ids, cache, beam_size, alpha, max_decode_length,
-                       eos_id=config.eos_id, pad_id=config.pad_id)
+                       eos_id=config.eos_id, pad_id=config.pad_id,
+                       length_limit=length_limit, reorders_cache=True)
 
 
 def greedy_translate(model, source_ids, extra_length=DEFAULT_EXTRA_LENGTH):

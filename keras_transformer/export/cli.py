@@ -34,9 +34,10 @@ def add_decoding_arguments(parser, defaults_from_model=False, xla=True):
     if not xla:
         return
     parser.add_argument("--xla", action=argparse.BooleanOptionalAction, default=True,
-                        help="with --run-dir: compile the search with XLA on bucketed "
-                        "static shapes (same translations, about 2x faster on CPU); a "
-                        "SavedModel always runs its exported, XLA-free graph")
+                        help="compile the search with XLA on bucketed static shapes (same "
+                        "translations, several times faster on CPU); with --saved-model: "
+                        "its translate_xla signature, unless search options differ from "
+                        "the export's (those run its XLA-free translate_with_options)")
 
 
 def open_from_args(args):
@@ -51,13 +52,14 @@ def open_from_args(args):
 
 
 def decoding_options(args, translator):
-    """Per-call options for a SavedModel (None: its export defaults); a
-    run-directory translator was built with them already and only chooses
-    whether its search runs under XLA."""
+    """Per-call options: for a SavedModel the search options (None: its
+    export defaults); a run-directory translator was built with them
+    already. Both choose whether the search runs under XLA."""
     from keras_transformer.export.saved_model import SavedModelTranslator
 
     if isinstance(translator, SavedModelTranslator):
-        return dict(beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length)
+        return dict(beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length,
+                    jit_compile=args.xla)
     return {"jit_compile": args.xla}
 
 

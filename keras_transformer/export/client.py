@@ -10,11 +10,17 @@ REST request (`POST /v1/models/<name>[/versions/<v>]:predict`)::
 response::
 
     {"outputs": {"translation": ["A dog."], "score": [-0.41]}}
+
+With `xla=True` the clients ask for the `translate_xla` signature (same
+answers, several times faster on CPU), which the server runs only when
+started with `--xla_cpu_compilation_enabled=true`.
 """
 
 import base64
 
 DEFAULT_URL = "http://localhost:8501"
+DEFAULT_SIGNATURE = "serving_default"
+XLA_SIGNATURE = "translate_xla"
 
 
 class ServingError(RuntimeError):
@@ -41,15 +47,18 @@ class RestClient:
         version: pin a version; None: the newest the server has loaded.
         timeout: seconds per request.
         session: a `requests.Session` (default: a new one).
+        xla: ask for the `translate_xla` signature for requests without
+            options (see the module docstring).
     """
 
     def __init__(self, url=DEFAULT_URL, model="transformer", version=None, timeout=60.0,
-                 session=None):
+                 session=None, xla=False):
         self.url = url.rstrip("/")
         self.model = model
         self.version = version
         self.timeout = timeout
         self._session = session
+        self.signature = XLA_SIGNATURE if xla else DEFAULT_SIGNATURE
 
     @property
     def session(self):
@@ -70,14 +79,14 @@ class RestClient:
 
     def request_body(self, sentences, beam_size=None, alpha=None, extra_length=None):
         """The JSON body for `sentences` (list of str/bytes). With any option
-        given, the `translate_with_options` signature with all three (the
-        others filled from `defaults`)."""
+        given, the `translate_with_options` signature (XLA-free) with all
+        three."""
         if isinstance(sentences, (str, bytes)):
             raise TypeError("`sentences` must be a list of sentences, not one string.")
         inputs = {"text": [_json_string(s) for s in sentences]}
         options = {"beam_size": beam_size, "alpha": alpha, "extra_length": extra_length}
         if all(v is None for v in options.values()):
-            return {"signature_name": "serving_default", "inputs": inputs}
+            return {"signature_name": self.signature, "inputs": inputs}
         missing = [k for k, v in options.items() if v is None]
         if missing:
             raise ValueError(
@@ -115,10 +124,10 @@ class RestClient:
 
 class GrpcClient:
     """Translates through TF Serving's gRPC API (port 8500 by default).
-    Needs `tensorflow-serving-api` and `grpcio`."""
+    Needs `tensorflow-serving-api` and `grpcio`. `xla`: as `RestClient`."""
 
     def __init__(self, target="localhost:8500", model="transformer", version=None,
-                 timeout=60.0):
+                 timeout=60.0, xla=False):
         try:
             import grpc
             from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
@@ -134,13 +143,14 @@ class GrpcClient:
         self.model = model
         self.version = version
         self.timeout = timeout
+        self.signature = XLA_SIGNATURE if xla else DEFAULT_SIGNATURE
 
     def translate(self, sentences):
         import tensorflow as tf
 
         request = self._predict_pb2.PredictRequest()
         request.model_spec.name = self.model
-        request.model_spec.signature_name = "serving_default"
+        request.model_spec.signature_name = self.signature
         if self.version is not None:
             request.model_spec.version.value = int(self.version)
         request.inputs["text"].CopyFrom(tf.make_tensor_proto(

@@ -5,7 +5,9 @@ The same object translates in-process (`Translator.translate`) and is what
 `export_translator` writes as a SavedModel for TF Serving. Its serving
 functions use only core TensorFlow and tensorflow-text ops (no
 `py_function`, no XLA-only ops), so a stock `tensorflow/serving` binary runs
-them.
+them. One more, `translate_xla`, runs the same search compiled by XLA on
+bucketed shapes (same translations, several times faster on CPU); TF Serving
+runs it when started with `--xla_cpu_compilation_enabled=true`.
 
 Input rules (every sentence gets a defined output; one bad sentence never
 fails the batch):
@@ -16,8 +18,9 @@ fails the batch):
 - A source longer than `config.max_length - 1` subword tokens is truncated
   to its first `config.max_length - 1` tokens, then eos is appended.
 - The translation has at most `min(source tokens + 1 + extra_length,
-  config.max_length)` tokens, eos included (paper: extra 50); a hypothesis
-  that reaches the limit is cut there.
+  config.max_length)` tokens, eos included (paper: extra 50), counted per
+  sentence, so a translation does not depend on the rest of its batch; a
+  hypothesis that reaches the limit is cut there.
 - Scores are `log P / ((5 + length) / 6) ** alpha` of the best hypothesis
   (always finite, <= 0).
 """
@@ -78,6 +81,11 @@ class Translator(tf.Module):
       [batch, out_len] int32, "score": [batch] float32}`: tokens as the
       tokenizer produces them (no bos/eos), right-padded with the pad id;
       output ids stop before eos and are padded with the pad id.
+    - `serve_xla(text)`: `serve` with the search compiled by XLA. The batch
+      is padded to a power of two (multiples of 64 past 64) with copies of
+      its sentences and the source to a multiple of `SOURCE_LENGTH_BUCKET`
+      tokens, so XLA compiles once per (rows, length) bucket, on the first
+      request of that shape (seconds), and reuses it after.
     """
 
     def __init__(self, model, tokenizer, beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA,
@@ -124,6 +132,9 @@ class Translator(tf.Module):
                                           "extra_length int32 -> translation, score",
                 "translate_ids": "source_ids [batch, len] int32 (pad-padded, no eos) -> "
                                  "translation_ids [batch, len] int32, score [batch] float32",
+                "translate_xla": "as serving_default, search compiled by XLA (TF Serving: "
+                                 "--xla_cpu_compilation_enabled=true; first request of "
+                                 "each shape bucket compiles)",
             },
         }
 
@@ -131,20 +142,22 @@ class Translator(tf.Module):
 
     def _source_ids(self, tokens):
         """RaggedTensor `[batch, (len)]` -> `(source_ids [batch, src_len]
-        int32, is_empty [batch] bool)`: truncated, eos appended, padded."""
+        int32, lengths [batch] int32 (eos included), is_empty [batch]
+        bool)`: truncated, eos appended, padded."""
         config = self.config
         is_empty = tf.equal(tokens.row_lengths(), 0)
         tokens = tokens[:, : self.max_source_tokens]
         eos = tf.fill([tokens.nrows(), 1], tf.constant(config.eos_id, tf.int32))
         tokens = tf.concat([tokens, tf.RaggedTensor.from_tensor(eos)], axis=1)
-        return tokens.to_tensor(default_value=config.pad_id), is_empty
+        lengths = tf.cast(tokens.row_lengths(), tf.int32)
+        return tokens.to_tensor(default_value=config.pad_id), lengths, is_empty
 
     def _translate_tokens(self, tokens, beam_size, alpha, extra_length):
         """RaggedTensor of source tokens -> `(best ids [batch, len] int32
-        (pad after the last token, eos removed), scores [batch], is_empty)`."""
-        source_ids, is_empty = self._source_ids(tokens)
+        (pad after the last token, eos removed), scores [batch])`."""
+        source_ids, lengths, is_empty = self._source_ids(tokens)
         sequences, scores = beam_search_translate(
-            self.model, source_ids, beam_size, alpha, extra_length
+            self.model, source_ids, beam_size, alpha, extra_length, source_length=lengths
         )
         return self._best(sequences, scores, is_empty)
 
@@ -189,12 +202,19 @@ class Translator(tf.Module):
                                             self.extra_length)
         return {"translation_ids": ids, "score": score}
 
+    @tf.function(input_signature=[TEXT_SPEC])
+    def serve_xla(self, text):
+        search = self._xla_search(self.beam_size, self.alpha, self.extra_length)
+        return self._translate_text(
+            text, lambda tokens: self._translate_tokens_static(tokens, search))
+
     def signatures(self):
         """The SavedModel signatures: name -> concrete function."""
         return {
             "serving_default": self.serve.get_concrete_function(),
             "translate_with_options": self.serve_with_options.get_concrete_function(),
             "translate_ids": self.serve_ids.get_concrete_function(),
+            "translate_xla": self.serve_xla.get_concrete_function(),
         }
 
     # In-process use --------------------------------------------------------
@@ -207,12 +227,11 @@ class Translator(tf.Module):
             sentences: list of source sentences.
             beam_size, alpha, extra_length: None for the defaults.
             batch_size: sentences per call; sentences are grouped by length.
-            jit_compile: run the search with XLA (in-process only; the
-                exported signatures stay XLA-free for TF Serving). Batches
-                are padded to `batch_size` rows and source lengths to a
-                multiple of `SOURCE_LENGTH_BUCKET`, so XLA compiles once per
-                length bucket, not once per batch. Same translations, about
-                twice as fast on CPU (see README, Benchmarks).
+            jit_compile: run the search with XLA. Batches are padded to
+                `batch_size` rows and source lengths to a multiple of
+                `SOURCE_LENGTH_BUCKET`, so XLA compiles once per length
+                bucket, not once per batch. Same translations, about twice
+                as fast on CPU (see README, Benchmarks).
 
         Returns: `(translations: list of str, scores: list of float)`.
         """
@@ -241,38 +260,57 @@ class Translator(tf.Module):
         return translate_in_batches(run, sentences, batch_size)
 
     def _xla_search(self, beam_size, alpha, extra_length):
-        """An XLA-compiled `source_ids -> (sequences, scores)`, one per set of
-        search options (they fix shapes, so they are Python constants)."""
+        """An XLA-compiled `(source_ids, lengths) -> (sequences, scores)`,
+        one per set of search options (they fix shapes, so they are Python
+        constants). `lengths` are the sentences' own lengths, so output
+        limits (and translations) do not depend on the padding."""
         _check_search_options(beam_size, extra_length, self.config.output_vocab_size)
         key = (beam_size, alpha, extra_length)
         searches = self._xla_searches.value
         if key not in searches:
             model = self.model
             searches[key] = tf.function(
-                lambda source_ids: beam_search_translate(model, source_ids, beam_size, alpha,
-                                                         extra_length),
+                lambda source_ids, lengths: beam_search_translate(
+                    model, source_ids, beam_size, alpha, extra_length, lengths),
                 jit_compile=True)
         return searches[key]
 
-    def _translate_tokens_static(self, tokens, search, batch_size):
-        """`_translate_tokens` with the XLA `search` on static shapes: pad
-        to `[batch_size, bucketed length]` -> search -> unpad. (Tokenizing
-        stays outside XLA: tf-text ops do not compile.)"""
-        source_ids, is_empty = self._source_ids(tokens)
-        rows, length = source_ids.shape
+    def _translate_tokens_static(self, tokens, search, batch_size=None):
+        """`_translate_tokens` with the XLA `search` on bucketed shapes: pad
+        to `[rows, length]` buckets -> search -> unpad. `rows` is
+        `batch_size`, or with None `_row_bucket` of the batch. Works eagerly
+        and in a graph. (Tokenizing stays outside XLA: tf-text ops do not
+        compile.)"""
+        config = self.config
+        source_ids, lengths, is_empty = self._source_ids(tokens)
+        shape = tf.shape(source_ids)
+        rows, length = shape[0], shape[1]
         bucket = -(-length // SOURCE_LENGTH_BUCKET) * SOURCE_LENGTH_BUCKET
-        bucket = min(bucket, self.config.max_length)
+        bucket = tf.minimum(tf.maximum(bucket, SOURCE_LENGTH_BUCKET), config.max_length)
+        source_ids = tf.pad(source_ids, [[0, 0], [0, bucket - length]],
+                            constant_values=config.pad_id)
         # Filler rows repeat real ones, so they finish when the batch does
-        # (the search stops early once every row has finished).
-        padded = tf.gather(source_ids, tf.range(batch_size) % rows)
-        padded = tf.pad(padded, [[0, 0], [0, bucket - length]],
-                        constant_values=self.config.pad_id)
-        sequences, scores = search(padded)
+        # (the search stops early once every row has finished); an empty
+        # batch gets a one-token sentence instead.
+        empty_sentence = tf.where(tf.range(bucket) == 0, config.eos_id, config.pad_id)
+        candidates = tf.concat([source_ids, empty_sentence[None]], axis=0)
+        target_rows = _row_bucket(rows) if batch_size is None else batch_size
+        picks = tf.range(target_rows) % tf.maximum(rows, 1)
+        sequences, scores = search(tf.gather(candidates, picks),
+                                   tf.gather(tf.concat([lengths, [1]], axis=0), picks))
         return self._best(sequences[:rows], scores[:rows], is_empty)
 
 
-# In-process XLA search: source lengths are padded up to a multiple of this,
-# so a test set compiles a handful of shapes.
+def _row_bucket(rows):
+    """Rows an XLA batch is padded to: the next power of two up to 64, then
+    the next multiple of 64 (scalar int32 tensor)."""
+    powers = tf.constant([1, 2, 4, 8, 16, 32, 64], tf.int32)
+    small = tf.reduce_min(tf.where(powers >= rows, powers, 64))
+    return tf.where(rows <= 64, small, -(-rows // 64) * 64)
+
+
+# XLA search: source lengths are padded up to a multiple of this, so a test
+# set or a server compiles a handful of shapes.
 SOURCE_LENGTH_BUCKET = 8
 
 
