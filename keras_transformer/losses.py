@@ -1,9 +1,12 @@
 """Label-smoothed cross-entropy (paper section 5.4, "Label Smoothing")."""
 
+import functools
 import math
 
 import keras
 from keras import ops
+
+from keras_transformer.xla import compile_on_tensorflow
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -40,29 +43,12 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
             )
         self.label_smoothing = label_smoothing
         self.pad_id = pad_id
+        # On TensorFlow an XLA cluster of its own (see `keras_transformer/xla.py`).
+        self._per_token_loss = compile_on_tensorflow(functools.partial(
+            label_smoothed_cross_entropy, label_smoothing=label_smoothing, pad_id=pad_id))
 
     def call(self, y_true, y_pred):
-        y_true = ops.cast(y_true, "int32")
-        logits = ops.cast(y_pred, "float32")
-        vocab_size = ops.shape(logits)[-1]
-        log_probs = ops.log_softmax(logits, axis=-1)
-        true_log_prob = ops.squeeze(
-            ops.take_along_axis(log_probs, ops.expand_dims(y_true, -1), axis=-1), -1
-        )
-        eps = self.label_smoothing
-        if eps:
-            low = eps / ops.cast(vocab_size - 1, "float32")
-            sum_log_probs = ops.sum(log_probs, axis=-1)
-            cross_entropy = -(
-                (1.0 - eps) * true_log_prob + low * (sum_log_probs - true_log_prob)
-            )
-            # Entropy of the smoothed target distribution (its minimum).
-            entropy = -((1.0 - eps) * math.log(1.0 - eps)
-                        + eps * ops.log(low))
-            per_token = cross_entropy - entropy
-        else:
-            per_token = -true_log_prob
-        return ops.where(ops.not_equal(y_true, self.pad_id), per_token, 0.0)
+        return self._per_token_loss(y_true, y_pred)
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         if sample_weight is None:
@@ -74,6 +60,40 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         config = super().get_config()
         config.update(label_smoothing=self.label_smoothing, pad_id=self.pad_id)
         return config
+
+
+def label_smoothed_cross_entropy(y_true, y_pred, label_smoothing, pad_id):
+    """Per-token KL(smoothed target || model), the value of
+    `LabelSmoothedCrossEntropy` before reduction.
+
+    Args:
+        y_true: `(batch, tgt_len)` int ids.
+        y_pred: `(batch, tgt_len, V)` logits (any float dtype).
+        label_smoothing: eps_ls.
+        pad_id: ids that get 0.
+
+    Returns: `(batch, tgt_len)` float32.
+    """
+    y_true = ops.cast(y_true, "int32")
+    logits = ops.cast(y_pred, "float32")
+    vocab_size = ops.shape(logits)[-1]
+    log_probs = ops.log_softmax(logits, axis=-1)
+    true_log_prob = ops.squeeze(
+        ops.take_along_axis(log_probs, ops.expand_dims(y_true, -1), axis=-1), -1
+    )
+    eps = label_smoothing
+    if eps:
+        low = eps / ops.cast(vocab_size - 1, "float32")
+        sum_log_probs = ops.sum(log_probs, axis=-1)
+        cross_entropy = -(
+            (1.0 - eps) * true_log_prob + low * (sum_log_probs - true_log_prob)
+        )
+        # Entropy of the smoothed target distribution (its minimum).
+        entropy = -((1.0 - eps) * math.log(1.0 - eps) + eps * ops.log(low))
+        per_token = cross_entropy - entropy
+    else:
+        per_token = -true_log_prob
+    return ops.where(ops.not_equal(y_true, pad_id), per_token, 0.0)
 
 
 def real_token_weights(y_true, pad_id, sample_weight=None):

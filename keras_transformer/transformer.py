@@ -6,6 +6,7 @@ from keras import ops
 from keras_transformer import distribute
 from keras_transformer.config import TransformerConfig
 from keras_transformer.layers.decoder import Decoder
+from keras_transformer.layers.dense import Dense
 from keras_transformer.layers.embedding import PositionalEmbedding, TokenEmbedding
 from keras_transformer.layers.encoder import Encoder
 from keras_transformer.layers.masks import causal_mask, padding_mask
@@ -80,7 +81,7 @@ class Transformer(keras.Model):
         self.output_projection = (
             None
             if c.tie_output_projection
-            else keras.layers.Dense(c.output_vocab_size, dtype=policy, name="output_projection")
+            else Dense(c.output_vocab_size, dtype=policy, name="output_projection")
         )
 
     # Building ---------------------------------------------------------------

@@ -43,12 +43,12 @@ b = make_batch(rng, 5, 5, 11, 4)  # replica 1: 5 x 11, different token count
 config = kt.get_config("tiny", vocab_size=40, dropout=0.0)
 
 
-def build(scope):
+def build(scope, optimizer=None):
     with scope:
         model = kt.Transformer(config)
         # Plain SGD with a large rate: the update is the gradient itself, so
         # a wrongly scaled or normalised gradient shows in the weights.
-        model.compile(optimizer=keras.optimizers.SGD(1.0),
+        model.compile(optimizer=optimizer() if optimizer else keras.optimizers.SGD(1.0),
                       loss=kt.LabelSmoothedCrossEntropy(0.1, pad_id=0))
         model.build()
     return model
@@ -84,7 +84,38 @@ initial = build(tf.distribute.OneDeviceStrategy("CPU:0").scope())
 initial.set_weights(initial_weights)
 moved = max(float(np.max(np.abs(x - y))) for x, y in zip(single.get_weights(),
                                                           initial.get_weights()))
+
+# The fused Adam (`kt.transformer_adam` on TF) against Keras's Adam, both
+# mirrored, from the same weights over two steps: the gradients are the same,
+# so any difference is the update kernel. Each mirrored variable's copies on
+# CPU:0 and CPU:1 must stay identical (the fused kernel writes one device's
+# copy per call, inside `strategy.extended.update`).
+def adam(fused):
+    if fused:
+        return kt.transformer_adam(config.d_model, warmup_steps=2)
+    return keras.optimizers.Adam(kt.TransformerSchedule(config.d_model, 2), beta_1=0.9,
+                                 beta_2=0.98, epsilon=1e-9)
+
+
+adams = {}
+for fused in (True, False):
+    model = build(strategy.scope(), lambda fused=fused: adam(fused))
+    model.set_weights(initial_weights)
+    model.fit(distributed_dataset(strategy, dataset_fn), steps_per_epoch=1, epochs=2, verbose=0)
+    adams[fused] = model
+fused_model = adams[True]
+copies_diff = max(float(np.max(np.abs(c.numpy() - v.value.values[0].numpy())))
+                  for v in fused_model.trainable_variables for c in v.value.values)
+fused_diff = max(float(np.max(np.abs(x - y))) for x, y in zip(fused_model.get_weights(),
+                                                              adams[False].get_weights()))
+fused_update = max(float(np.max(np.abs(x - y))) for x, y in zip(fused_model.get_weights(),
+                                                                initial_weights))
+
 print("RESULT " + json.dumps({
+    "fused_adam_optimizer": type(fused_model.optimizer).__name__,
+    "fused_adam_vs_keras_adam_max_weight_diff": fused_diff,
+    "fused_adam_max_update": fused_update,
+    "fused_adam_replica_copies_max_diff": copies_diff,
     "replicas": strategy.num_replicas_in_sync,
     "single_loss": float(single_history.history["loss"][0]),
     "mirrored_loss": float(mirrored_history.history["loss"][0]),

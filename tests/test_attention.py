@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from keras_transformer.layers import MultiHeadAttention, scaled_dot_product_attention
+from keras_transformer.layers import attention as attention_module
 from keras_transformer.layers.masks import cache_mask, causal_mask, padding_mask
 
 
@@ -36,8 +37,12 @@ def _copy_into_keras_mha(ours, d_model, heads):
 
 
 @pytest.mark.parametrize("with_mask", [False, True])
+@pytest.mark.parametrize("weights", [True, False])
 @pytest.mark.parametrize("fused", [False, True])
-def test_multi_head_attention_equals_keras_layer(with_mask, fused):
+def test_multi_head_attention_equals_keras_layer(with_mask, weights, fused, monkeypatch):
+    # `fused`: `ops.dot_product_attention` (what JAX runs) when the weights
+    # are not asked for, forced here whatever the backend prefers.
+    monkeypatch.setattr(attention_module, "fused_attention_pays", lambda: fused)
     d_model, heads = 16, 4
     rng = np.random.default_rng(1)
     q = rng.normal(size=(2, 5, d_model)).astype("float32")
@@ -51,9 +56,9 @@ def test_multi_head_attention_equals_keras_layer(with_mask, fused):
         mask[..., 0] = True
     expected, expected_w = theirs(q, kv, kv, attention_mask=mask, return_attention_scores=True)
     out, w = ours(kv, kv, q, None if mask is None else mask[:, None],
-                  return_attention_weights=not fused)
+                  return_attention_weights=weights)
     np.testing.assert_allclose(out, expected, atol=1e-5)
-    if not fused:
+    if weights:
         assert tuple(w.shape) == (2, heads, 5, 7)
         np.testing.assert_allclose(w, expected_w, atol=1e-5)
     else:

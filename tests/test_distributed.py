@@ -24,6 +24,12 @@ def test_mirrored_step_equals_one_device_step():
     assert result["max_update"] > 1e-2  # the step moved the weights
     assert result["max_weight_diff"] < 1e-5
     assert abs(result["mirrored_loss"] - result["single_loss"]) < 1e-5
+    # The fused Adam under MirroredStrategy: Keras's Adam's result, and the
+    # two devices' copies of every variable identical.
+    assert result["fused_adam_optimizer"] == "FusedAdam"
+    assert result["fused_adam_max_update"] > 1e-2
+    assert result["fused_adam_vs_keras_adam_max_weight_diff"] < 1e-5
+    assert result["fused_adam_replica_copies_max_diff"] == 0.0
 
 
 def free_ports(n):

@@ -44,3 +44,27 @@ def test_masked_accuracy_counts_real_tokens_only():
     metric = MaskedAccuracy(pad_id=0)
     metric.update_state(y, logits)
     assert float(metric.result()) == pytest.approx(2 / 4)
+
+
+def test_on_tensorflow_the_loss_is_its_own_xla_cluster_with_the_same_values():
+    # XLA fuses the loss's passes over the logits (keras_transformer/xla.py);
+    # values and gradients are those of the plain keras.ops function.
+    import tensorflow as tf
+
+    from keras_transformer.losses import label_smoothed_cross_entropy
+
+    loss = LabelSmoothedCrossEntropy(0.1, pad_id=0)
+    assert loss._per_token_loss.function_spec.jit_compile is True
+    rng = np.random.default_rng(3)
+    y = rng.integers(0, 50, (4, 6)).astype("int32")
+    y[0, -2:] = 0
+    logits = tf.constant(rng.normal(size=(4, 6, 50)).astype("float32") * 3)
+    results = []
+    for fn in (loss.call, lambda a, b: label_smoothed_cross_entropy(a, b, 0.1, 0)):
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            per_token = fn(y, logits)
+        results.append((per_token.numpy(), tape.gradient(per_token, logits).numpy()))
+    for compiled, plain in zip(*results):
+        np.testing.assert_allclose(compiled, plain, rtol=1e-5, atol=1e-6)
+    assert np.all(results[0][0][0, -2:] == 0)

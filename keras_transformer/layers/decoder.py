@@ -6,6 +6,7 @@ from keras import ops
 
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
+from keras_transformer.layers.layer_norm import LayerNormalization
 from keras_transformer.layers.masks import cache_mask
 from keras_transformer.layers.residual import ResidualNorm
 
@@ -234,9 +235,7 @@ class Decoder(keras.layers.Layer):
         for i, layer in enumerate(self.decoder_layers):
             setattr(self, f"layer_{i}", layer)
         self.final_norm = (
-            keras.layers.LayerNormalization(
-                epsilon=epsilon, dtype=self.dtype_policy, name="final_norm"
-            )
+            LayerNormalization(epsilon=epsilon, dtype=self.dtype_policy, name="final_norm")
             if norm_first
             else None
         )

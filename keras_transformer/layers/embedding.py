@@ -6,6 +6,7 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.position_encoding import (
     LearnedPositionEmbedding,
     SinusoidalPositionEncoding,
@@ -118,7 +119,7 @@ class PositionalEmbedding(keras.layers.Layer):
                 max_length, token_embedding.d_model, dtype=self.dtype_policy,
                 name="positions",
             )
-        self.embedding_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.embedding_dropout = Dropout(dropout, dtype=self.dtype_policy)
 
     def build(self, ids_shape):
         if not self.token_embedding.built:

@@ -4,6 +4,7 @@ import keras
 
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
+from keras_transformer.layers.layer_norm import LayerNormalization
 from keras_transformer.layers.residual import ResidualNorm
 
 
@@ -136,9 +137,7 @@ class Encoder(keras.layers.Layer):
         for i, layer in enumerate(self.encoder_layers):
             setattr(self, f"layer_{i}", layer)
         self.final_norm = (
-            keras.layers.LayerNormalization(
-                epsilon=epsilon, dtype=self.dtype_policy, name="final_norm"
-            )
+            LayerNormalization(epsilon=epsilon, dtype=self.dtype_policy, name="final_norm")
             if norm_first
             else None
         )

@@ -2,6 +2,9 @@
 
 import keras
 
+from keras_transformer.layers.dense import Dense
+from keras_transformer.layers.dropout import Dropout
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class PositionwiseFeedForward(keras.layers.Layer):
@@ -27,11 +30,11 @@ class PositionwiseFeedForward(keras.layers.Layer):
         self.d_ff = d_ff
         self.activation = activation
         self.dropout = dropout
-        self.inner = keras.layers.Dense(
+        self.inner = Dense(
             d_ff, activation=activation, dtype=self.dtype_policy, name="inner"
         )
-        self.outer = keras.layers.Dense(d_model, dtype=self.dtype_policy, name="outer")
-        self.inner_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.outer = Dense(d_model, dtype=self.dtype_policy, name="outer")
+        self.inner_dropout = Dropout(dropout, dtype=self.dtype_policy)
 
     def build(self, inputs_shape):
         self.inner.build(inputs_shape)

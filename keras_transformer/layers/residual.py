@@ -3,6 +3,9 @@
 
 import keras
 
+from keras_transformer.layers.dropout import Dropout
+from keras_transformer.layers.layer_norm import LayerNormalization
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class ResidualNorm(keras.layers.Layer):
@@ -31,10 +34,8 @@ class ResidualNorm(keras.layers.Layer):
         self.dropout = dropout
         self.norm_first = norm_first
         self.epsilon = epsilon
-        self.norm = keras.layers.LayerNormalization(
-            epsilon=epsilon, dtype=self.dtype_policy, name="norm"
-        )
-        self.residual_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.norm = LayerNormalization(epsilon=epsilon, dtype=self.dtype_policy, name="norm")
+        self.residual_dropout = Dropout(dropout, dtype=self.dtype_policy)
 
     def build(self, x_shape):
         self.norm.build(x_shape)

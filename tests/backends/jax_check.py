@@ -82,5 +82,47 @@ beam1, _ = jax.jit(lambda s: beam_search_translate(model, s, beam_size=1, alpha=
                                                    extra_length=4))(source)
 report["greedy_equals_beam1"] = bool(np.array_equal(np.asarray(greedy_ids),
                                                     np.asarray(beam1)[:, 0]))
+
+# The training-speed layers on JAX (issue 5): 16-bit dropout, the
+# closed-form LayerNorm gradient, the fused attention kernel, and
+# `transformer_adam` (Keras's Adam here; the fused one is TF-only).
+from keras import ops  # noqa: E402
+
+from keras_transformer.layers import attention  # noqa: E402
+from keras_transformer.layers.dropout import Dropout, keep_threshold  # noqa: E402
+from keras_transformer.layers.layer_norm import LayerNormalization  # noqa: E402
+
+report["fused_attention_on_jax"] = attention.fused_attention_pays()
+dropped = np.asarray(Dropout(0.1, seed=1)(np.ones((512, 512), "float32"), training=True))
+report["dropout_kept_fraction"] = float((dropped != 0).mean())
+report["dropout_mean"] = float(dropped.mean())
+report["dropout_expected_kept"] = 1 - keep_threshold(0.1) / 65536
+odd = np.asarray(Dropout(0.5, seed=2)(np.ones((3, 5, 7), "float32"), training=True))
+report["dropout_odd_shape_ok"] = bool(odd.shape == (3, 5, 7) and 0.2 < (odd != 0).mean() < 0.8)
+
+x = rng.normal(size=(6, 16)).astype("float32") * 2 + 1
+ours, theirs = LayerNormalization(1e-6), keras.layers.LayerNormalization(epsilon=1e-6)
+ours.build((None, 16))
+theirs.build((None, 16))
+ours.gamma.assign(rng.normal(1, 0.3, 16).astype("float32"))
+theirs.gamma.assign(ours.gamma.numpy())
+
+
+def norm_loss(x, layer):
+    return ops.sum(layer(x) * ops.arange(16, dtype="float32"))
+
+
+report["layer_norm_grad_max_abs_diff"] = float(np.abs(
+    np.asarray(jax.grad(norm_loss)(x, ours)) - np.asarray(jax.grad(norm_loss)(x, theirs))).max())
+
+keras.utils.set_random_seed(1)
+dropout_model = kt.Transformer(kt.get_config("tiny", vocab_size=40, dropout=0.1))
+optimizer = kt.transformer_adam(64, warmup_steps=10, scale=4.0)
+report["transformer_adam_on_jax"] = type(optimizer).__name__
+dropout_model.compile(optimizer=optimizer, loss=loss_fn)
+history = dropout_model.fit((source, target_in), target, batch_size=4, epochs=20, verbose=0)
+report["dropout_fit_first_loss"] = float(history.history["loss"][0])
+report["dropout_fit_last_loss"] = float(history.history["loss"][-1])
+
 report["tensorflow_imported"] = "tensorflow" in sys.modules
 print(json.dumps(report))

