@@ -2,6 +2,7 @@
 `Seq2SeqTransformer` built with the same shapes, in the same process.
 
     python benchmarks/benchmark.py                          # bench config, float32
+    python benchmarks/benchmark.py --reference model_garden --what train,translate
     python benchmarks/benchmark.py --precision mixed_bfloat16 --reference model_garden
     python benchmarks/benchmark.py --config base --what train
 
@@ -18,9 +19,17 @@ Measures (each `--what`):
 
 Machines drift (other processes, clocks), so implementations are timed in
 alternating rounds and the ratio is taken per round; the median is reported.
+
+Precision: `--precision` is ours, `--reference-precision` Model Garden's
+(default float32: its mixed_bfloat16 path fails with a dtype error in
+`TransformerDecoderBlock`). XLA (`--xla auto`): what measured fastest here,
+i.e. our training step without XLA (XLA:CPU's matmuls are slower than
+oneDNN's) and our beam search with it; Model Garden always runs without XLA
+(its XLA training is slower, and its beam search grows shapes).
 """
 
 import argparse
+import gzip
 import json
 import os
 import resource
@@ -92,19 +101,21 @@ def matmul_peak(dtype, size=2048, repeats=20):
 class Ours:
     name = "keras_transformer"
 
-    def __init__(self, config, precision, jit_compile):
+    def __init__(self, config, precision, xla):
         import keras
 
         import keras_transformer as kt
 
-        self.jit_compile = jit_compile
+        self.precision = precision
+        self.train_xla, self.translate_xla = {"auto": (False, True), "on": (True, True),
+                                              "off": (False, False)}[xla]
         keras.config.set_dtype_policy(precision)
         self.config = config
         self.model = kt.Transformer(config)
         self.model.compile(
             optimizer=kt.transformer_adam(config.d_model),
             loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id),
-            jit_compile=jit_compile,
+            jit_compile=self.train_xla,
         )
         keras.config.set_dtype_policy("float32")
 
@@ -116,7 +127,7 @@ class Ours:
 
         # The fixed-shape search compiles with XLA (in-process use; exported
         # serving signatures stay XLA-free for TF Serving).
-        @tf.function(jit_compile=self.jit_compile)
+        @tf.function(jit_compile=self.translate_xla)
         def translate(source):
             return beam_search_translate(self.model, source, beam_size=beam_size, alpha=alpha,
                                          extra_length=extra_length)[0]
@@ -127,7 +138,8 @@ class Ours:
 class ModelGarden:
     name = "model_garden"
 
-    def __init__(self, config, precision, jit_compile):
+    def __init__(self, config, precision, xla):
+        self.precision = precision
         self.config = config
         self.model, self.optimizer = model_garden_reference.build(
             config, beam_size=TRANSLATE_SHAPE["beam_size"], alpha=TRANSLATE_SHAPE["alpha"],
@@ -169,7 +181,14 @@ def time_rounds(callables, rounds, warmup, repeats):
     return times
 
 
-def bench_train(impls, config, args, peak):
+def peak_dtype(precision):
+    """The dtype a precision policy multiplies in."""
+    return {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}.get(precision, "float32")
+
+
+def bench_train(impls, config, args, peaks):
+    """Training throughput; `peaks`: matmul GFLOP/s by dtype name (None: no
+    utilisation figures)."""
     shape = TRAIN_SHAPE
     source = random_batch(config, shape["batch"], shape["source_length"], 0)
     target = random_batch(config, shape["batch"], shape["target_length"] + 1, 1)
@@ -181,9 +200,12 @@ def bench_train(impls, config, args, peak):
                                       shape["target_length"])
     tokens = shape["batch"] * shape["target_length"]
     results = {}
-    for name, seconds in times.items():
+    for impl in impls:
+        seconds = times[impl.name]
         per_step = statistics.median(seconds)
-        results[name] = {
+        peak = (peaks or {}).get(peak_dtype(impl.precision))
+        results[impl.name] = {
+            "precision": impl.precision,
             "target_tokens_per_s": tokens / per_step,
             "model_tflops_per_s": step_flops / per_step / 1e12,
             "fraction_of_matmul_peak": (step_flops / per_step / 1e9 / peak) if peak else None,
@@ -215,12 +237,8 @@ def bench_latency(config, args):
     import keras_transformer as kt
     from keras_transformer.export.saved_model import export_translator
     from keras_transformer.export.translator import Translator
-    from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
-    from keras_transformer.data.synthetic import generate_corpus
 
-    corpus = generate_corpus(seed=0, num_train=5000, num_val=10, num_test=10)
-    tokenizer = SubwordTokenizer(train_sentencepiece(
-        corpus["train"][0] + corpus["train"][1], vocab_size=min(config.vocab_size, 2000)))
+    tokenizer, sentence = latency_tokenizer_and_sentence(config.vocab_size)
     config = config.replace(vocab_size=tokenizer.vocab_size)
     model = kt.Transformer(config)
     model.build()
@@ -230,7 +248,8 @@ def bench_latency(config, args):
                                 extra_length=TRANSLATE_SHAPE["extra_length"])
         path = export_translator(translator, tmp, name="bench")
         loaded = tf.saved_model.load(path)
-        sentence = tf.constant([corpus["test"][0][0]])
+        text = sentence
+        sentence = tf.constant([text])
         first_ms, latencies, outputs = {}, {}, {}
         for name in LATENCY_SIGNATURES:
             served = loaded.signatures[name]
@@ -257,9 +276,44 @@ def bench_latency(config, args):
                    "p95_ms": float(np.percentile(latencies[name], 95)),
                    "first_request_ms": first_ms[name]}
             for name in LATENCY_SIGNATURES} | {
-        "sentence": corpus["test"][0][0], "requests": args.latency_requests,
+        "sentence": text, "requests": args.latency_requests,
         "source_tokens": int(tokenizer.tokenize(sentence).row_lengths()[0]),
         "vocab_size": tokenizer.vocab_size}
+
+
+MULTI30K = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..",
+                        "shared", "data", "multi30k")
+LATENCY_SOURCE_TOKENS = TRANSLATE_SHAPE["source_length"]
+
+
+def latency_tokenizer_and_sentence(vocab_size):
+    """A shared vocabulary of (up to) `vocab_size` pieces and a source
+    sentence of about `LATENCY_SOURCE_TOKENS` tokens (eos included), as in
+    the throughput shape. The vocabulary size sets the cost of the output
+    projection and of the beam's top-k over `beam * vocab` candidates, so it
+    is trained on Multi30k (`../shared/data/multi30k`, real text that
+    reaches 8,192 pieces) when present, else on the built-in corpus (whose
+    ~1,400 pieces make the latency look better than it is; the report says
+    which)."""
+    from keras_transformer.data.synthetic import generate_corpus
+    from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
+
+    def read_lines(path):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return [line.rstrip("\n") for line in f]
+
+    if os.path.isdir(MULTI30K):
+        train = [line for lang in ("en", "de")
+                 for line in read_lines(os.path.join(MULTI30K, f"train.{lang}.gz"))]
+        candidates = list(read_lines(os.path.join(MULTI30K, "test_2016_flickr.en.gz")))
+    else:
+        corpus = generate_corpus(seed=0, num_train=5000, num_val=10, num_test=50)
+        train = corpus["train"][0] + corpus["train"][1]
+        candidates = corpus["test"][0]
+    tokenizer = SubwordTokenizer(train_sentencepiece(train, vocab_size=vocab_size))
+    lengths = tokenizer.tokenize(tf.constant(candidates)).row_lengths().numpy() + 1  # + eos
+    best = int(np.argmin(np.abs(lengths - LATENCY_SOURCE_TOKENS)))
+    return tokenizer, candidates[best]
 
 
 def _proc_status_mb(field):
@@ -292,12 +346,11 @@ def bench_memory(args):
     for name in ["ours"] + ([args.reference] if args.reference else []):
         results[name] = {}
         for phase in ("train", "translate"):
+            precision = args.precision if name == "ours" else args.reference_precision
             command = [sys.executable, os.path.abspath(__file__), "--config", args.config,
-                       "--precision", args.precision, "--what", phase,
+                       "--precision", precision, "--what", phase, "--xla", args.xla,
                        "--rounds", "1", "--train-steps", "3", "--translate-repeats", "1",
                        "--only", name, "--report-peak-memory"]
-            if args.jit_compile:
-                command.append("--jit-compile")
             out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
             results[name][phase] = json.loads(out.strip().splitlines()[-1])
     return results
@@ -308,15 +361,20 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="bench",
                         help="'bench' (the shared bench configuration) or a preset name")
-    parser.add_argument("--precision", default="float32",
-                        choices=["float32", "mixed_bfloat16", "mixed_float16"])
+    precisions = ["float32", "mixed_bfloat16", "mixed_float16"]
+    parser.add_argument("--precision", default="float32", choices=precisions,
+                        help="our precision policy")
+    parser.add_argument("--reference-precision", default="float32", choices=precisions,
+                        help="the reference's precision policy (Model Garden's "
+                             "mixed_bfloat16 fails with a dtype error)")
     parser.add_argument("--reference", choices=["model_garden"], default=None,
                         help="also time TF Model Garden's Seq2SeqTransformer, alternating")
     parser.add_argument("--what", default="train,translate,latency,memory",
                         help="comma-separated subset of train,translate,latency,memory")
-    parser.add_argument("--jit-compile", action="store_true",
-                        help="XLA-compile our training step and beam search (Model Garden "
-                             "keeps its faster non-XLA path)")
+    parser.add_argument("--xla", default="auto", choices=["auto", "on", "off"],
+                        help="XLA for our training step and beam search: auto = training "
+                             "without, search with (measured fastest on CPU); Model Garden "
+                             "always runs without")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--train-steps", type=int, default=10, help="timed steps per round")
     parser.add_argument("--translate-repeats", type=int, default=2)
@@ -334,14 +392,17 @@ def main(argv=None):
 
     config = make_config(args.config)
     names = [args.only] if args.only else ["ours"] + ([args.reference] if args.reference else [])
-    impls = [IMPLEMENTATIONS[n](config, args.precision, args.jit_compile) for n in names]
+    precision_of = {"ours": args.precision, args.reference: args.reference_precision}
+    if args.only:
+        precision_of[args.only] = args.precision
+    impls = [IMPLEMENTATIONS[n](config, precision_of[n], args.xla) for n in names]
     if args.report_peak_memory:
         # One phase of one implementation in this fresh process: resident
         # memory now (imports, model built) and the phase's own peak.
         baseline = _proc_status_mb("VmRSS")
         peak_reset = _reset_peak_rss()
         if "train" in what:
-            bench_train(impls, config, args, peak=None)
+            bench_train(impls, config, args, peaks=None)
         if "translate" in what:
             bench_translate(impls, config, args)
         peak = _proc_status_mb("VmHWM") if peak_reset else (
@@ -350,13 +411,12 @@ def main(argv=None):
                           "phase_mb": peak - baseline, "peak_reset": peak_reset}))
         return None
     report = {"date": time.strftime("%Y-%m-%d"), "config": args.config,
-              "precision": args.precision, "argv": sys.argv[1:]}
+              "precision": {impl.name: impl.precision for impl in impls}, "xla": args.xla,
+              "argv": sys.argv[1:]}
     if "train" in what:
-        peak_dtype = "bfloat16" if args.precision == "mixed_bfloat16" else (
-            "float16" if args.precision == "mixed_float16" else "float32")
-        peak = matmul_peak(tf.as_dtype(peak_dtype))
-        report["matmul_peak_gflops"] = {peak_dtype: peak}
-        report["train"], times = bench_train(impls, config, args, peak)
+        dtypes = sorted({peak_dtype(impl.precision) for impl in impls})
+        report["matmul_peak_gflops"] = {d: matmul_peak(tf.as_dtype(d)) for d in dtypes}
+        report["train"], times = bench_train(impls, config, args, report["matmul_peak_gflops"])
         _ratio(report, "train", times)
     if "translate" in what:
         report["translate"], times = bench_translate(impls, config, args)
@@ -382,7 +442,9 @@ def _ratio(report, key, times):
 
 
 def _print(report):
-    print(f"\nconfig={report['config']} precision={report['precision']} date={report['date']}")
+    precision = ", ".join(f"{k} {v}" for k, v in report["precision"].items())
+    print(f"\nconfig={report['config']} precision: {precision}; xla={report['xla']} "
+          f"date={report['date']}")
     if "train" in report:
         print(f"matmul peak: {report['matmul_peak_gflops']}")
         for name, r in report["train"].items():
@@ -392,7 +454,8 @@ def _print(report):
             else:
                 print(f"  train {name:18s} {r['target_tokens_per_s']:9.0f} target tokens/s  "
                       f"{r['model_tflops_per_s'] * 1000:6.1f} GFLOP/s  "
-                      f"({100 * r['fraction_of_matmul_peak']:.0f}% of matmul peak)")
+                      f"({100 * r['fraction_of_matmul_peak']:.0f}% of the "
+                      f"{peak_dtype(r['precision'])} matmul peak)")
     if "translate" in report:
         for name, r in report["translate"].items():
             if name.startswith("speedup"):

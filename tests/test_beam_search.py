@@ -218,7 +218,7 @@ def test_a_model_reordering_its_own_cache_equals_the_search_reordering_it():
     model.build()
     src = random_ids((3, 6))
     src[:, -1] = config.eos_id
-    initial_ids, cache, step_fn = decoding.prepare_decoding(model, src, 9, beam_size=4)
+    initial_ids, cache, step_fn = decoding.prepare_decoding(model, src, 9)
     results = [
         [np.asarray(t) for t in beam_search(
             step_fn, initial_ids, cache, 4, 0.6, 9, eos_id=config.eos_id,
@@ -262,3 +262,89 @@ def test_rejects_a_bad_beam_size():
     script = MarkovScript(random_tables(1, 9, seed=0))
     with pytest.raises(ValueError, match="beam_size"):
         run(script, [0], 0, 0.6, 5)
+
+
+class HistoryScript(PrefixScript):
+    """`PrefixScript` whose prefix lives in a history buffer laid out like
+    the decoder's cache, `(rows, 1, length, 1)` with time on axis 2, written
+    at slot `step`: a search that grows the buffer wrongly (or reorders it
+    wrongly) reads a wrong prefix and gives other hypotheses."""
+
+    def initial_cache(self, sentence_ids, length):
+        sentence_ids = np.asarray(sentence_ids, "int32")
+        return {"sentence": sentence_ids,
+                "history": np.zeros((len(sentence_ids), 1, length, 1), "int32")}
+
+    def __call__(self, ids, step, cache):
+        history = cache["history"]
+        slots = ops.reshape(ops.arange(ops.shape(history)[2]), (1, 1, -1, 1))
+        history = ops.where(slots == step, ops.reshape(ops.cast(ids, "int32") + 1, (-1, 1, 1, 1)),
+                            history)
+        state = ops.zeros_like(cache["sentence"])
+        for t in range(history.shape[2]):  # the prefix hash, slot by slot
+            state = ops.where(t <= step, (state * 31 + history[:, 0, t, 0]) % self.rows, state)
+        flat = ops.reshape(self.tables, (-1, self.tables.shape[-1]))
+        logits = ops.take(flat, cache["sentence"] * self.rows + state, axis=0)
+        return logits, {"sentence": cache["sentence"], "history": history}
+
+
+def grow_history(cache, length):
+    extra = length - cache["history"].shape[2]
+    return dict(cache, history=ops.pad(cache["history"], [[0, 0], [0, 0], [0, extra], [0, 0]]))
+
+
+@pytest.mark.parametrize("phases", [[2, 4, 8, 9], [3, 9], [5, 9]])
+def test_growing_the_cache_in_phases_changes_nothing(phases):
+    # Limits per sentence and an eos bias that stops some sentences early
+    # (in the first phase) and lets others run into their limit.
+    tables = random_prefix_tables(4, 9, seed=8, eos_bias=0.5)
+    limits = np.array([9, 3, 7, 5], np.int32)
+    results = []
+    for cache_phases in (None, phases):
+        script = HistoryScript(tables)
+        first = 9 if cache_phases is None else cache_phases[0]
+        results.append([np.asarray(t) for t in beam_search(
+            script, np.full((4,), BOS), script.initial_cache([0, 1, 2, 3], first), 3, 0.6, 9,
+            eos_id=EOS, pad_id=PAD, length_limit=limits, cache_phases=cache_phases,
+            grow_cache=grow_history)])
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-6)
+    lengths = (results[0][0] != PAD).sum(-1)
+    assert lengths.min() < phases[0] and lengths.max() > phases[0]  # both kinds ran
+
+
+def test_cache_phase_schedule_and_validation():
+    from keras_transformer.decoding.common import cache_phases
+
+    assert cache_phases(30) == [8, 16, 30]
+    assert cache_phases(8) == [8] and cache_phases(5) == [5] and cache_phases(16) == [8, 16]
+    assert cache_phases(70) == [8, 16, 32, 64, 70]
+    length = tf.constant(30)
+    assert cache_phases(length) == [length]
+    script = HistoryScript(random_prefix_tables(1, 9, seed=0))
+    args = (script, np.full((1,), BOS), script.initial_cache([0], 2), 2, 0.6, 9)
+    with pytest.raises(ValueError, match="end at max_decode_length"):
+        beam_search(*args, eos_id=EOS, cache_phases=[2, 4], grow_cache=grow_history)
+    with pytest.raises(ValueError, match="increasing"):
+        beam_search(*args, eos_id=EOS, cache_phases=[4, 2, 9], grow_cache=grow_history)
+    with pytest.raises(ValueError, match="grow_cache"):
+        beam_search(*args, eos_id=EOS, cache_phases=[2, 9])
+
+
+def test_the_model_search_grows_its_cache_in_phases_with_the_same_result(monkeypatch):
+    # Static shapes (as under XLA) give phases [8, 16, 21]; one phase of 21
+    # must give the same translations. (Random weights: the hypotheses run
+    # through all three phases.)
+    config = kt.get_config("tiny", vocab_size=30, dropout=0.0, max_length=64)
+    model = kt.Transformer(config)
+    model.build()
+    src = random_ids((4, 6), high=30)
+    src[:, -1] = config.eos_id
+    grown = decoding.beam_search_translate(model, src, beam_size=3, extra_length=15)
+    module = sys.modules["keras_transformer.decoding.transformer_search"]
+    assert module.cache_phases(21) == [8, 16, 21]
+    monkeypatch.setattr(module, "cache_phases", lambda n: [n])
+    single = decoding.beam_search_translate(model, src, beam_size=3, extra_length=15)
+    np.testing.assert_array_equal(grown[0], single[0])
+    np.testing.assert_allclose(grown[1], single[1], rtol=1e-5, atol=1e-6)
+    assert (np.asarray(grown[0]) != config.pad_id).sum(-1).max() > 8  # past the first phase

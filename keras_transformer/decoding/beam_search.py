@@ -77,7 +77,7 @@ def _flat_beam_indices(beam_indices, beams_in):
 
 def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alpha,
                 max_decode_length, eos_id, pad_id=0, length_limit=None,
-                reorders_cache=False):
+                reorders_cache=False, cache_phases=None, grow_cache=None):
     """Batched beam search.
 
     Args:
@@ -113,6 +113,14 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
             returns its new cache in the order of `ids`. A step that writes
             its cache anyway can then reorder and write in one pass (see
             `layers/decoder.py`, `write_cache`).
+        cache_phases: optional increasing Python ints ending at
+            `max_decode_length` (see `common.cache_phases`): the search runs
+            steps `0 .. cache_phases[0] - 1` with `initial_cache` (which
+            must hold that many steps), then calls `grow_cache(cache,
+            cache_phases[1])` and goes on, and so on. Results do not depend
+            on the phases.
+        grow_cache: `(cache, length) -> cache` with room for `length` steps;
+            needed with more than one phase.
 
     Returns:
         `(sequences (batch, beam, max_decode_length) int32, scores (batch,
@@ -123,6 +131,7 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
     if isinstance(beam_size, int) and beam_size < 1:
         raise ValueError(f"`beam_size` must be at least 1, received {beam_size}.")
     max_length = resolve_max_length(max_decode_length)
+    phases = _checked_phases(cache_phases, max_length, grow_cache)
     initial_ids = ops.cast(initial_ids, "int32")
     batch_size = ops.shape(initial_ids)[0]
     # `max_length` sizes the buffers; `limit` `(batch,)` is where each
@@ -245,5 +254,29 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
         )
         return new_state
 
-    state = ops.while_loop(cond, body, state)
+    for i, length in enumerate(phases):
+        if i:
+            state["alive_cache"] = grow_cache(state["alive_cache"], length)
+        state = ops.while_loop(
+            lambda state, length=length: ops.logical_and(
+                cond(state), ops.less(state["step"], length)),
+            body, state)
     return state["finished_sequences"], state["finished_scores"]
+
+
+def _checked_phases(cache_phases, max_length, grow_cache):
+    """`cache_phases` validated: Python ints that increase, the last (which
+    may be a tensor when `max_length` is) equal to `max_length`."""
+    if cache_phases is None:
+        return [max_length]
+    phases = list(cache_phases)
+    fixed = phases[:-1] + ([phases[-1]] if isinstance(phases[-1], int) else [])
+    if not phases or not all(isinstance(p, int) and p >= 1 for p in fixed) or any(
+            b <= a for a, b in zip(fixed, fixed[1:])):
+        raise ValueError(f"`cache_phases` must be increasing positive ints, received {phases}.")
+    if isinstance(max_length, int) and phases[-1] != max_length:
+        raise ValueError(f"`cache_phases` must end at max_decode_length ({max_length}), "
+                         f"received {phases}.")
+    if len(phases) > 1 and grow_cache is None:
+        raise ValueError("`grow_cache` is needed with more than one cache phase.")
+    return phases

@@ -86,6 +86,29 @@ def top_k(x, k, chunk=TOP_K_CHUNK):
     return values, ops.cast(chunk_of * chunk + within % chunk, "int32")
 
 
+# The first cache length of a search grown in phases (see `cache_phases`).
+FIRST_CACHE_PHASE = 8
+
+
+def cache_phases(max_length, first=FIRST_CACHE_PHASE):
+    """Cache lengths for a search of at most `max_length` steps: `first`,
+    doubling, then `max_length` (`[8, 16, 30]` for 30). A fixed-shape cache
+    sized for the longest possible output costs that size at every step
+    (the beam reorder copies it, attention reads it), though most searches
+    stop long before the limit (the paper's limit is input + 50). Grown in
+    phases, each a fixed-shape loop (XLA compiles one per phase), step `t`
+    costs about `max(t, first)` to `2 t`. A `max_length` known only at run
+    time (a tensor) gives one phase.
+    """
+    if not isinstance(max_length, int):
+        return [max_length]
+    phases, length = [], first
+    while length < max_length:
+        phases.append(length)
+        length *= 2
+    return phases + [max_length]
+
+
 def resolve_max_length(max_decode_length):
     """At least one step, as an int32 scalar (or a Python int)."""
     if isinstance(max_decode_length, int):

@@ -4,10 +4,10 @@ The model side of decoding: encode once, build the fixed-shape cache, and
 hand the search a step function. `keras.ops` only.
 """
 
-import keras
 from keras import ops
 
-from keras_transformer.decoding.beam_search import beam_search, tile_beams
+from keras_transformer.decoding.beam_search import beam_search
+from keras_transformer.decoding.common import cache_phases
 from keras_transformer.decoding.greedy import greedy_search
 
 # The paper (section 6.1): beam 4, alpha 0.6, output length <= input + 50.
@@ -35,7 +35,7 @@ def decoding_length(source_ids, extra_length, max_length, source_length=None):
     )
 
 
-def prepare_decoding(model, source_ids, max_decode_length, beam_size=1):
+def prepare_decoding(model, source_ids, max_decode_length):
     """Encodes `source_ids` `(batch, src_len)` and returns `(initial_ids
     (batch,), cache, symbols_to_logits_fn)` for `beam_search`/`greedy_search`.
 
@@ -45,17 +45,16 @@ def prepare_decoding(model, source_ids, max_decode_length, beam_size=1):
     `beam_search`'s `reorders_cache`) and reorders the cache as it writes
     it, in one pass. The encoder-decoder keys and values and the source mask
     never change and are the same for every beam of a sentence, so they are
-    computed once, tiled `beam_size` times here, and closed over by the step
-    function instead of being gathered at every step.
+    computed once per sentence and closed over by the step function, untiled:
+    the decoder attends to them with each sentence's beams as one group (see
+    `DecoderLayer.decode_step`; the group is the number of rows per
+    sentence, so one step function serves any beam size).
     """
     memory, memory_mask = model.encode(source_ids, training=False)
     layers = model.init_decoding_cache(memory, max_decode_length)
     cache = [{"key": c["key"], "value": c["value"]} for c in layers]
     constant = [{"memory_key": c["memory_key"], "memory_value": c["memory_value"]}
                 for c in layers]
-    if not (isinstance(beam_size, int) and beam_size == 1):
-        constant = keras.tree.map_structure(lambda x: tile_beams(x, beam_size), constant)
-        memory_mask = tile_beams(memory_mask, beam_size)
 
     def symbols_to_logits_fn(ids, step, cache, parents=None):
         full = [dict(c, **k) for c, k in zip(cache, constant)]
@@ -94,11 +93,13 @@ def beam_search_translate(model, source_ids, beam_size=DEFAULT_BEAM_SIZE,
     if source_length is not None:
         length_limit = decoding_length(source_ids, extra_length, config.max_length,
                                        source_length)
-    initial_ids, cache, step_fn = prepare_decoding(model, source_ids, max_decode_length,
-                                                   beam_size)
+    # With static shapes (XLA), the cache grows in phases (`cache_phases`).
+    phases = cache_phases(max_decode_length)
+    initial_ids, cache, step_fn = prepare_decoding(model, source_ids, phases[0])
     return beam_search(step_fn, initial_ids, cache, beam_size, alpha, max_decode_length,
                        eos_id=config.eos_id, pad_id=config.pad_id,
-                       length_limit=length_limit, reorders_cache=True)
+                       length_limit=length_limit, reorders_cache=True,
+                       cache_phases=phases, grow_cache=model.decoder.grow_cache)
 
 
 def greedy_translate(model, source_ids, extra_length=DEFAULT_EXTRA_LENGTH):

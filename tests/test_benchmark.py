@@ -1,0 +1,47 @@
+"""benchmarks/benchmark.py runs end to end (tiny config, one round) and
+reports what issue 5 asks for; the real numbers are in the README."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "benchmark.py")
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def run(*args, check=True):
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True,
+                          env=ENV, cwd=ROOT, timeout=600, check=check)
+
+
+def test_benchmark_reports_throughput_utilisation_and_latency(tmp_path):
+    out = tmp_path / "report.json"
+    result = run("--config", "tiny", "--precision", "mixed_bfloat16",
+                 "--what", "train,translate,latency", "--rounds", "1", "--train-steps", "1",
+                 "--translate-repeats", "1", "--latency-requests", "5", "--json", str(out))
+    report = json.loads(out.read_text())
+    assert report["precision"] == {"keras_transformer": "mixed_bfloat16"}
+    train = report["train"]["keras_transformer"]
+    assert train["target_tokens_per_s"] > 0
+    assert 0 < train["fraction_of_matmul_peak"] < 2
+    assert "bfloat16" in report["matmul_peak_gflops"]
+    assert report["translate"]["keras_transformer"]["sentences_per_s"] > 0
+    latency = report["latency"]
+    for name in ("serving_default", "translate_xla"):
+        assert 0 < latency[name]["p50_ms"] <= latency[name]["p95_ms"]
+    assert latency["vocab_size"] > 1000 and latency["source_tokens"] > 5
+    assert "target tokens/s" in result.stdout and "translate_xla" in result.stdout
+
+
+def test_missing_model_garden_is_a_clear_error():
+    from benchmarks import model_garden_reference
+
+    if model_garden_reference.available():
+        pytest.skip("Model Garden is installed here")
+    result = run("--reference", "model_garden", "--what", "train", check=False)
+    assert result.returncode != 0
+    assert "bash benchmarks/install_model_garden.sh" in result.stderr
