@@ -56,6 +56,9 @@ def build_parser():
     p.add_argument("--dropout", type=float, default=None,
                    help="override the preset's P_drop")
     p.add_argument("--average", type=int, default=3, help="checkpoints to average")
+    p.add_argument("--seed", type=int, default=1,
+                   help="initialisation and data-order seed (train.py --seed); the run is "
+                        "deterministic for a seed on a given machine")
     p.add_argument("--position-encoding", default="sinusoidal",
                    choices=["sinusoidal", "learned", "none"],
                    help="'none' is the control: without positions the task cannot be learned")
@@ -105,7 +108,7 @@ def main(argv=None):
         "--keep-checkpoints", str(max(args.average, 1)),
         "--steps-per-epoch", str(steps_per_epoch), "--valid-split", "validation",
         "--bleu-sentences", "0", "--shuffle-buffer", "40000", "--verbose", "1",
-        "--position-encoding", args.position_encoding,
+        "--position-encoding", args.position_encoding, "--seed", str(args.seed),
         *(["--dropout", str(args.dropout)] if args.dropout is not None else []),
     ])
     if status:
