@@ -28,7 +28,7 @@ python training/train.py --run-dir "$RUN_DIR" --data "text:$DATA" --src-lang en 
     --config small --vocab-size 8000 --batch-tokens 3072 --max-length 128 \
     --max-minutes "$MINUTES" --train-steps 100000 --warmup-steps 500 --lr-scale 0.7 \
     --checkpoint-every 100 --keep-checkpoints 5 --steps-per-epoch 200 \
-    --bleu-sentences 0 --verbose 2 "$@"
+    --bleu-sentences 0 --cache-tokenized --verbose 2 "$@"
 trained=$(date +%s)
 python training/average_checkpoints.py --run-dir "$RUN_DIR" --num 5
 averaged=$(date +%s)

@@ -147,6 +147,7 @@ def token_batches(
     repeat=False,
     min_boundary=8,
     growth=1.1,
+    cache_tokenized=False,
 ):
     """Token-budgeted, length-bucketed, padded batches for `model.fit`.
 
@@ -163,6 +164,13 @@ def token_batches(
         shuffle_buffer: shuffle pairs with this buffer (0: keep order).
         seed: shuffle seed.
         repeat: repeat the pairs forever (training with `steps_per_epoch`).
+        cache_tokenized: tokenize the pairs once and keep the ids in memory
+            (shuffled and repeated from there), instead of tokenizing every
+            epoch. Tokenizing costs ~9 ms of CPU per 1,000 target tokens
+            here, which on a 2-core machine competes with training (~5% of
+            it for `small`, ~10% for the demo model); the cache holds the
+            three id tensors of every pair (Multi30k: a few MB; WMT14's
+            4.5M pairs: ~1.5 GB), so it is off by default.
 
     Returns: a dataset of `((source_ids (batch, src_len), target_input_ids
     (batch, tgt_len)), target_ids (batch, tgt_len))`, int32, padded with
@@ -178,11 +186,15 @@ def token_batches(
     boundaries = bucket_boundaries(max_length, min_boundary, growth)
     sizes = bucket_batch_sizes(boundaries, batch_tokens)
 
-    if shuffle_buffer:
-        pairs = pairs.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-        pairs = pairs.repeat()
-    encoded = tokenize_pairs(pairs, tokenizer)
+    def shuffled_and_repeated(dataset):
+        if shuffle_buffer:
+            dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        return dataset.repeat() if repeat else dataset
+
+    if cache_tokenized:
+        encoded = shuffled_and_repeated(tokenize_pairs(pairs, tokenizer).cache())
+    else:
+        encoded = tokenize_pairs(shuffled_and_repeated(pairs), tokenizer)
     encoded = encoded.filter(lambda s, ti, to: length_filter(s, to))
     pad = tf.constant(tokenizer.pad_id, tf.int32)
     batches = encoded.bucket_by_sequence_length(
