@@ -2,7 +2,7 @@
 # The Quick start's main job: installs the package into .venv (idempotent),
 # then trains on the built-in corpus, evaluates BLEU with beam search, exports
 # a SavedModel to saved_models/demo/<version>/, translates held-out sentences
-# and draws attention maps. About 7 minutes on 2 CPU cores (plus the first install).
+# and draws attention maps. About 3 minutes on 2 CPU cores (plus the first install).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
