@@ -226,6 +226,7 @@ def generate_corpus(seed=0, num_train=40000, num_val=500, num_test=500):
     language = SyntheticLanguage(seed)
     rng = random.Random(f"sentences-{seed}")
     seen = set()
+    held_out = set()  # test and val sources, filled before "train" is drawn
     splits = {}
     for split, count in (("test", num_test), ("val", num_val), ("train", num_train)):
         sources, targets = [], []

@@ -3,7 +3,6 @@ precision, model, checkpoints and `model.fit`, with exact resume."""
 
 import argparse
 import hashlib
-import json
 import math
 import os
 import sys
@@ -210,7 +209,6 @@ def train(args, translate_fn_factory=None, extra_callbacks=()):
     strategy = make_strategy(args.strategy, args.logical_cpus)
 
     import keras
-    import tensorflow as tf
 
     from keras_transformer.data import batching
     from keras_transformer.data.sources import load_pairs
