@@ -29,7 +29,6 @@ oneDNN's) and our beam search with it; Model Garden always runs without XLA
 """
 
 import argparse
-import gzip
 import json
 import os
 import resource
@@ -296,11 +295,11 @@ def latency_tokenizer_and_sentence(vocab_size):
     ~1,400 pieces make the latency look better than it is; the report says
     which)."""
     from keras_transformer.data.synthetic import generate_corpus
+    from keras_transformer.export.cli import read_lines as read_byte_lines
     from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
 
     def read_lines(path):
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            return [line.rstrip("\n") for line in f]
+        return [line.decode("utf-8") for line in read_byte_lines(path)]
 
     if os.path.isdir(MULTI30K):
         train = [line for lang in ("en", "de")

@@ -198,12 +198,19 @@ def test_beam_one_is_greedy(seed):
     np.testing.assert_allclose(scores[:, 0], greedy_scores, rtol=1e-5)
 
 
-def test_beam_one_is_greedy_with_the_model():
-    config = kt.get_config("tiny", vocab_size=40, dropout=0.0, max_length=32)
+def tiny_model_and_source(shape=(3, 6), vocab_size=40, max_length=32):
+    """A built `tiny` model with random weights (no dropout) and random
+    eos-terminated source ids of `shape`."""
+    config = kt.get_config("tiny", vocab_size=vocab_size, dropout=0.0, max_length=max_length)
     model = kt.Transformer(config)
     model.build()
-    src = random_ids((3, 6))
+    src = random_ids(shape, high=vocab_size)
     src[:, -1] = config.eos_id
+    return config, model, src
+
+
+def test_beam_one_is_greedy_with_the_model():
+    config, model, src = tiny_model_and_source()
     sequences, scores = decoding.beam_search_translate(model, src, 1, 0.0, extra_length=4)
     greedy_sequences, greedy_scores = decoding.greedy_translate(model, src, extra_length=4)
     np.testing.assert_array_equal(np.asarray(sequences)[:, 0], greedy_sequences)
@@ -213,11 +220,7 @@ def test_beam_one_is_greedy_with_the_model():
 def test_a_model_reordering_its_own_cache_equals_the_search_reordering_it():
     # `reorders_cache=True` (the model gathers cache rows as it writes them)
     # against the search gathering the whole cache after every step.
-    config = kt.get_config("tiny", vocab_size=40, dropout=0.0, max_length=32)
-    model = kt.Transformer(config)
-    model.build()
-    src = random_ids((3, 6))
-    src[:, -1] = config.eos_id
+    config, model, src = tiny_model_and_source()
     initial_ids, cache, step_fn = decoding.prepare_decoding(model, src, 9)
     results = [
         [np.asarray(t) for t in beam_search(
@@ -335,11 +338,7 @@ def test_the_model_search_grows_its_cache_in_phases_with_the_same_result(monkeyp
     # Static shapes (as under XLA) give phases [8, 16, 21]; one phase of 21
     # must give the same translations. (Random weights: the hypotheses run
     # through all three phases.)
-    config = kt.get_config("tiny", vocab_size=30, dropout=0.0, max_length=64)
-    model = kt.Transformer(config)
-    model.build()
-    src = random_ids((4, 6), high=30)
-    src[:, -1] = config.eos_id
+    config, model, src = tiny_model_and_source((4, 6), vocab_size=30, max_length=64)
     grown = decoding.beam_search_translate(model, src, beam_size=3, extra_length=15)
     module = sys.modules["keras_transformer.decoding.transformer_search"]
     assert module.cache_phases(21) == [8, 16, 21]

@@ -118,17 +118,11 @@ class SavedModelTranslator:
                 raise ValueError(
                     f"{self.path} has no translate_xla signature (exported before it "
                     "existed): export it again, or translate without XLA (--no-xla).")
-            serve = self.loaded.signatures["translate_xla"]
-
-            def run(batch):
-                return serve(text=batch)
+            name, options = "translate_xla", {}
         elif beam_size is None and alpha is None and extra_length is None:
-            serve = self.loaded.signatures["serving_default"]
-
-            def run(batch):
-                return serve(text=batch)
+            name, options = "serving_default", {}
         else:
-            serve = self.loaded.signatures["translate_with_options"]
+            name = "translate_with_options"
             options = dict(
                 beam_size=tf.constant(m["beam_size"] if beam_size is None else beam_size,
                                       tf.int32),
@@ -137,9 +131,11 @@ class SavedModelTranslator:
                     m["extra_length"] if extra_length is None else extra_length, tf.int32
                 ),
             )
+        serve = self.loaded.signatures[name]
 
-            def run(batch):
-                return serve(text=batch, **options)
+        def run(batch):
+            return serve(text=batch, **options)
+
         return translate_in_batches(run, sentences, batch_size)
 
 
