@@ -79,3 +79,52 @@ def test_training_speed_layers_on_jax(jax_report):
 def test_fit_with_dropout_and_the_paper_optimizer_on_jax(jax_report):
     assert jax_report["transformer_adam_on_jax"] == "Adam"
     assert jax_report["dropout_fit_last_loss"] < 0.8 * jax_report["dropout_fit_first_loss"]
+
+
+BENCHMARK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         "benchmarks", "jax_benchmark.py")
+
+
+def test_jax_benchmark_reports_throughput_and_utilisation(tmp_path):
+    """benchmarks/jax_benchmark.py (GPU hosts without TensorFlow) runs each
+    config x precision in its own process and reports issue 5's figures."""
+    python = _jax_python()
+    if python is None:
+        pytest.skip("JAX is not installed (pip install 'jax[cpu]', or set KT_JAX_PYTHON)")
+    out = tmp_path / "report.json"
+    env = {**os.environ, "KERAS_BACKEND": "jax",
+           "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+    result = subprocess.run(
+        [python, BENCHMARK, "--config", "tiny", "--precision", "float32,mixed_bfloat16",
+         "--train-shapes", "4x6x5,2x3x4", "--translate-shapes", "2x5", "--rounds", "1",
+         "--train-steps", "2", "--translate-repeats", "1", "--peak-size", "256",
+         "--set", "dropout=0.2", "--json", str(out)],
+        capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    reports = json.loads(out.read_text())["reports"]
+    assert [r["precision"] for r in reports] == ["float32", "mixed_bfloat16"]
+    for report in reports:
+        assert report["overrides"] == ["dropout=0.2"]
+        dtype = "bfloat16" if report["precision"] == "mixed_bfloat16" else "float32"
+        assert report["matmul_peak_tflops"][dtype] > 0
+        assert [t["shape"] for t in report["train"]] == ["4x6x5", "2x3x4"]
+        for train in report["train"]:
+            assert train["target_tokens_per_s"] > 0
+            assert 0 < train["fraction_of_matmul_peak"] < 1
+            assert train["loss_first_step"] > 0 and train["loss_after"] > 0
+        (translate,) = report["translate"]
+        assert translate["shape"] == "2x5" and translate["sentences_per_s"] > 0
+        assert report["tensorflow_imported"] is False
+    assert "MFU" in result.stdout and "sentences/s" in result.stdout
+
+
+def test_jax_benchmark_refuses_another_backend():
+    python = _jax_python()
+    if python is None:
+        pytest.skip("JAX is not installed (pip install 'jax[cpu]', or set KT_JAX_PYTHON)")
+    result = subprocess.run(
+        [python, BENCHMARK, "--config", "tiny", "--in-process", "--what", "translate"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "KERAS_BACKEND": "numpy"})
+    assert result.returncode != 0
+    assert "needs 'jax'" in result.stderr + result.stdout

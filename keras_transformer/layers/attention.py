@@ -60,7 +60,9 @@ def fused_attention_pays():
     and `scaled_dot_product_attention`'s batched matmuls were faster on CPU
     (six self-attention layers, forward and backward, bench shapes: 62.6 vs
     77.6 ms in float32, 44.9 vs 49.8 ms in mixed bfloat16). On JAX it lowers
-    to `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPUs).
+    to `jax.nn.dot_product_attention`: cuDNN's flash-attention kernels on
+    NVIDIA GPUs in bfloat16 (seen in an H100 profile of the `base` training
+    step: 4.9% of its kernel time), XLA's fusion elsewhere.
     """
     return keras.backend.backend() != "tensorflow"
 

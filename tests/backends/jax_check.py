@@ -60,15 +60,20 @@ report["loss_first_epoch"] = history.history["loss"][0]
 report["loss_last_epoch"] = history.history["loss"][-1]
 report["accuracy_last_epoch"] = history.history["accuracy"][-1]
 
-# The fixed-shape KV cache gives the full forward pass's logits.
-full = np.asarray(model((source, target_in), training=False))
-memory, memory_mask = model.encode(source, training=False)
-cache = model.init_decoding_cache(memory, target_in.shape[1])
-steps = []
-for t in range(target_in.shape[1]):
-    step_logits, cache = model.decode_step(target_in[:, t], t, cache, memory_mask)
-    steps.append(np.asarray(step_logits))
+# The fixed-shape KV cache gives the full forward pass's logits. In full
+# float32: on NVIDIA GPUs JAX's default runs float32 matmuls as TF32 (10-bit
+# mantissa), and the two paths, which multiply in different shapes, then
+# differ by ~3e-3 (measured on an H100), which would hide a real cache bug.
+with jax.default_matmul_precision("float32"):
+    full = np.asarray(model((source, target_in), training=False))
+    memory, memory_mask = model.encode(source, training=False)
+    cache = model.init_decoding_cache(memory, target_in.shape[1])
+    steps = []
+    for t in range(target_in.shape[1]):
+        step_logits, cache = model.decode_step(target_in[:, t], t, cache, memory_mask)
+        steps.append(np.asarray(step_logits))
 report["cache_vs_full_max_abs_diff"] = float(np.abs(np.stack(steps, 1) - full).max())
+report["platform"] = jax.devices()[0].platform
 
 # Searches compile with jax.jit (fixed shapes, no Python-side control flow).
 beam = jax.jit(lambda s: beam_search_translate(model, s, beam_size=3, alpha=0.6,
