@@ -245,8 +245,8 @@ def run_one(config_name, precision, args):
                                for shape in args.translate_shapes]
     report["parameters"] = model.count_params()
     report["tensorflow_imported"] = "tensorflow" in sys.modules
-    report["device_peak_mb"] = (lambda b: b / 2**20 if b is not None else None)(
-        device_peak_bytes())
+    peak_bytes = device_peak_bytes()
+    report["device_peak_mb"] = peak_bytes / 2**20 if peak_bytes is not None else None
     return report
 
 
