@@ -51,27 +51,17 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from benchmarks import flops, model_garden_reference  # noqa: E402
-
-# The shared bench configuration (issue "Performance"): vocab 8,192 shared and
-# tied, d_model 256, 3 + 3 layers, 4 heads, d_ff 1,024, dropout 0.1, post-LN.
-BENCH = dict(vocab_size=8192, d_model=256, num_layers=3, num_heads=4, d_ff=1024,
-             dropout=0.1, norm_first=False)
-TRAIN_SHAPE = dict(batch=64, source_length=32, target_length=32)
-TRANSLATE_SHAPE = dict(batch=32, source_length=20, beam_size=4, alpha=0.6, extra_length=10)
-
-
-def make_config(name):
-    import keras_transformer as kt
-
-    if name == "bench":
-        return kt.TransformerConfig(**BENCH)
-    return kt.get_config(name, vocab_size=BENCH["vocab_size"])
+from benchmarks.bench_config import (  # noqa: E402
+    TRAIN_SHAPE,
+    TRANSLATE_SHAPE,
+    make_config,
+    peak_dtype,
+    random_ids,
+)
 
 
 def random_batch(config, batch, length, seed):
-    rng = np.random.default_rng(seed)
-    # Ids above the special ones, so there is no padding and no early eos.
-    return tf.constant(rng.integers(4, config.vocab_size, (batch, length)), tf.int32)
+    return tf.constant(random_ids(config, batch, length, seed))
 
 
 def matmul_peak(dtype, size=2048, repeats=20):
@@ -178,11 +168,6 @@ def time_rounds(callables, rounds, warmup, repeats):
                 fn()
             times[name].append((time.perf_counter() - start) / repeats)
     return times
-
-
-def peak_dtype(precision):
-    """The dtype a precision policy multiplies in."""
-    return {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}.get(precision, "float32")
 
 
 def bench_train(impls, config, args, peaks):

@@ -38,9 +38,15 @@ if __name__ == "__main__":
     # Before Keras is imported (the backend is fixed then).
     os.environ.setdefault("KERAS_BACKEND", "jax")
 
-BENCH = dict(vocab_size=8192, d_model=256, num_layers=3, num_heads=4, d_ff=1024,
-             dropout=0.1, norm_first=False)
-TRANSLATE = dict(beam_size=4, alpha=0.6, extra_length=10)
+from benchmarks.bench_config import (  # noqa: E402
+    TRAIN_SHAPE,
+    TRANSLATE_SHAPE,
+    make_config,
+    peak_dtype,
+    random_ids,
+)
+
+TRANSLATE = {key: TRANSLATE_SHAPE[key] for key in ("beam_size", "alpha", "extra_length")}
 
 
 def parse_shapes(text, dims):
@@ -52,28 +58,6 @@ def parse_shapes(text, dims):
                 f"shape {item!r}: expected {dims} positive integers joined by 'x'")
         shapes.append(tuple(int(p) for p in parts))
     return shapes
-
-
-def make_config(name, overrides=()):
-    """`overrides`: `key=value` strings (values parsed as JSON, else str)."""
-    import keras_transformer as kt
-
-    values = {}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set {item!r}: expected key=value")
-        try:
-            values[key] = json.loads(value)
-        except json.JSONDecodeError:
-            values[key] = value
-    if name == "bench":
-        return kt.TransformerConfig(**{**BENCH, **values})
-    return kt.get_config(name, **{"vocab_size": BENCH["vocab_size"], **values})
-
-
-def peak_dtype(precision):
-    return {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}.get(precision, "float32")
 
 
 def matmul_peak(dtype, size, repeats=10):
@@ -108,25 +92,18 @@ def device_peak_bytes():
     return stats.get("peak_bytes_in_use")
 
 
-def random_ids(rng, config, batch, length):
-    # Ids above the special ones: no padding and no early eos.
-    return rng.integers(4, config.vocab_size, (batch, length)).astype("int32")
-
-
 def bench_train(model, config, shape, steps, rounds, profile_dir=None):
     """Times `rounds` runs of `steps` training steps of the jitted step that
     `model.fit` uses, carrying the (donated) state between steps as `fit`
     does. Returns seconds per step per round and the first (compiling)
     step's seconds."""
     import jax
-    import numpy as np
 
     from benchmarks import flops
 
     batch, source_length, target_length = shape
-    rng = np.random.default_rng(0)
-    source = random_ids(rng, config, batch, source_length)
-    target = random_ids(rng, config, batch, target_length + 1)
+    source = random_ids(config, batch, source_length, 0)
+    target = random_ids(config, batch, target_length + 1, 1)
     x, y = (source, target[:, :-1]), target[:, 1:]
     start = time.perf_counter()
     # Builds the optimizer and metrics and compiles `model.train_function`
@@ -174,12 +151,11 @@ def bench_translate(model, config, shape, repeats, rounds):
     weights passed in as arguments (not baked in as constants)."""
     import jax
     import keras
-    import numpy as np
 
     from keras_transformer.decoding import beam_search_translate
 
     batch, source_length = shape
-    source = random_ids(np.random.default_rng(2), config, batch, source_length)
+    source = random_ids(config, batch, source_length, 2)
     variables = model.trainable_variables + model.non_trainable_variables
 
     @jax.jit
@@ -259,9 +235,11 @@ def main(argv=None):
     parser.add_argument("--precision", default="float32",
                         help="comma-separated: float32, mixed_bfloat16")
     parser.add_argument("--what", default="train,translate")
-    parser.add_argument("--train-shapes", default="64x32x32",
+    parser.add_argument("--train-shapes", default="{batch}x{source_length}x{target_length}"
+                        .format(**TRAIN_SHAPE),
                         type=lambda s: parse_shapes(s, 3), help="BATCHxSOURCExTARGET,...")
-    parser.add_argument("--translate-shapes", default="32x20",
+    parser.add_argument("--translate-shapes", default="{batch}x{source_length}"
+                        .format(**TRANSLATE_SHAPE),
                         type=lambda s: parse_shapes(s, 2), help="BATCHxSOURCE,...")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--train-steps", type=int, default=20, help="timed steps per round")

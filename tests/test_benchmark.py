@@ -48,16 +48,16 @@ def test_missing_model_garden_is_a_clear_error():
 
 
 def test_jax_benchmark_parses_shapes_and_overrides():
-    from benchmarks import jax_benchmark
+    from benchmarks import bench_config, jax_benchmark
 
     assert jax_benchmark.parse_shapes("64x32x32,384x64x64", 3) == [(64, 32, 32), (384, 64, 64)]
     assert jax_benchmark.parse_shapes("32x20", 2) == [(32, 20)]
     for bad in ("64x32", "64x0x32", "axbxc"):
         with pytest.raises(Exception, match="expected 3 positive integers"):
             jax_benchmark.parse_shapes(bad, 3)
-    config = jax_benchmark.make_config("bench", ["dropout=0.0", "num_layers=2"])
+    config = bench_config.make_config("bench", ["dropout=0.0", "num_layers=2"])
     assert (config.dropout, config.num_layers, config.d_model, config.vocab_size) == (
         0.0, 2, 256, 8192)
-    assert jax_benchmark.make_config("base").d_model == 512
+    assert bench_config.make_config("base").d_model == 512
     with pytest.raises(SystemExit, match="expected key=value"):
-        jax_benchmark.make_config("bench", ["dropout"])
+        bench_config.make_config("bench", ["dropout"])

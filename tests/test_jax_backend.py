@@ -19,7 +19,9 @@ import pytest
 CHECK = os.path.join(os.path.dirname(__file__), "backends", "jax_check.py")
 
 
-def _jax_python():
+@pytest.fixture(scope="module")
+def jax_python():
+    """An interpreter with JAX (this one, else KT_JAX_PYTHON); skips without."""
     if importlib.util.find_spec("jax") is not None:
         return sys.executable
     candidate = os.environ.get("KT_JAX_PYTHON")
@@ -27,17 +29,17 @@ def _jax_python():
         probe = subprocess.run([candidate, "-c", "import jax"], capture_output=True)
         if probe.returncode == 0:
             return candidate
-    return None
+    pytest.skip("JAX is not installed (pip install 'jax[cpu]', or set KT_JAX_PYTHON)")
+
+
+# On the CPU unless the caller names a platform (JAX_PLATFORMS=cuda on a GPU host).
+JAX_ENV = {**os.environ, "KERAS_BACKEND": "jax",
+           "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
 
 
 @pytest.fixture(scope="module")
-def jax_report():
-    python = _jax_python()
-    if python is None:
-        pytest.skip("JAX is not installed (pip install 'jax[cpu]', or set KT_JAX_PYTHON)")
-    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": os.environ.get(
-        "JAX_PLATFORMS", "cpu")}
-    result = subprocess.run([python, CHECK], capture_output=True, text=True, env=env,
+def jax_report(jax_python):
+    result = subprocess.run([jax_python, CHECK], capture_output=True, text=True, env=JAX_ENV,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -85,21 +87,16 @@ BENCHMARK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file_
                          "benchmarks", "jax_benchmark.py")
 
 
-def test_jax_benchmark_reports_throughput_and_utilisation(tmp_path):
+def test_jax_benchmark_reports_throughput_and_utilisation(jax_python, tmp_path):
     """benchmarks/jax_benchmark.py (GPU hosts without TensorFlow) runs each
     config x precision in its own process and reports issue 5's figures."""
-    python = _jax_python()
-    if python is None:
-        pytest.skip("JAX is not installed (pip install 'jax[cpu]', or set KT_JAX_PYTHON)")
     out = tmp_path / "report.json"
-    env = {**os.environ, "KERAS_BACKEND": "jax",
-           "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
     result = subprocess.run(
-        [python, BENCHMARK, "--config", "tiny", "--precision", "float32,mixed_bfloat16",
+        [jax_python, BENCHMARK, "--config", "tiny", "--precision", "float32,mixed_bfloat16",
          "--train-shapes", "4x6x5,2x3x4", "--translate-shapes", "2x5", "--rounds", "1",
          "--train-steps", "2", "--translate-repeats", "1", "--peak-size", "256",
          "--set", "dropout=0.2", "--json", str(out)],
-        capture_output=True, text=True, env=env, timeout=600)
+        capture_output=True, text=True, env=JAX_ENV, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     reports = json.loads(out.read_text())["reports"]
     assert [r["precision"] for r in reports] == ["float32", "mixed_bfloat16"]
@@ -118,12 +115,9 @@ def test_jax_benchmark_reports_throughput_and_utilisation(tmp_path):
     assert "MFU" in result.stdout and "sentences/s" in result.stdout
 
 
-def test_jax_benchmark_refuses_another_backend():
-    python = _jax_python()
-    if python is None:
-        pytest.skip("JAX is not installed (pip install 'jax[cpu]', or set KT_JAX_PYTHON)")
+def test_jax_benchmark_refuses_another_backend(jax_python):
     result = subprocess.run(
-        [python, BENCHMARK, "--config", "tiny", "--in-process", "--what", "translate"],
+        [jax_python, BENCHMARK, "--config", "tiny", "--in-process", "--what", "translate"],
         capture_output=True, text=True, timeout=300,
         env={**os.environ, "KERAS_BACKEND": "numpy"})
     assert result.returncode != 0

@@ -1,0 +1,45 @@
+"""The shared bench configuration and shapes (issue "Performance"), and the
+helpers both benchmarks use: `benchmark.py` (TensorFlow, beside Model
+Garden) and `jax_benchmark.py` (JAX, no TensorFlow). No TensorFlow here."""
+
+import json
+
+import numpy as np
+
+# vocab 8,192 shared and tied, d_model 256, 3 + 3 layers, 4 heads, d_ff 1,024,
+# dropout 0.1, post-LN.
+BENCH = dict(vocab_size=8192, d_model=256, num_layers=3, num_heads=4, d_ff=1024,
+             dropout=0.1, norm_first=False)
+TRAIN_SHAPE = dict(batch=64, source_length=32, target_length=32)
+TRANSLATE_SHAPE = dict(batch=32, source_length=20, beam_size=4, alpha=0.6, extra_length=10)
+
+
+def make_config(name, overrides=()):
+    """'bench' or a preset name (with the bench vocabulary); `overrides`:
+    `key=value` strings (values parsed as JSON, else kept as strings)."""
+    import keras_transformer as kt
+
+    values = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {item!r}: expected key=value")
+        try:
+            values[key] = json.loads(value)
+        except json.JSONDecodeError:
+            values[key] = value
+    if name == "bench":
+        return kt.TransformerConfig(**{**BENCH, **values})
+    return kt.get_config(name, **{"vocab_size": BENCH["vocab_size"], **values})
+
+
+def random_ids(config, batch, length, seed):
+    """`(batch, length)` int32 ids above the special ones, so there is no
+    padding and no early eos."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(4, config.vocab_size, (batch, length)).astype("int32")
+
+
+def peak_dtype(precision):
+    """The dtype a precision policy multiplies in."""
+    return {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}.get(precision, "float32")
