@@ -2,8 +2,8 @@
 
 The default run checks that every step works and every artifact appears,
 with a tiny model and a few steps. The `slow` tests run the real demo and
-check its quality claims (BLEU >= 90 on the built-in test split, and far
-below without positional encoding)."""
+check its quality claims: high BLEU on the built-in test split, and far
+below without positional encoding."""
 
 import os
 import re
@@ -36,10 +36,18 @@ def test_demo_runs_end_to_end(tmp_path):
     assert os.listdir(tmp_path / "run" / "averaged")
 
 
+# The run is deterministic on one machine (90.8 on the project's CPU), but
+# another CPU's rounding picks another of the chaotic trajectories that seeds
+# 1-3 sample: 86.9-92.8 in float32, 88.8-90.3 in mixed bfloat16 (README). The
+# bound sits below that spread and far above the 20.0 of the no-positions
+# control, so it fails on a broken model, not on a different machine.
+DEMO_MIN_BLEU = 85.0
+
+
 @pytest.mark.slow
-def test_demo_reaches_90_bleu(tmp_path):
+def test_demo_reaches_high_bleu(tmp_path):
     _, bleu = run_demo(tmp_path, timeout=3600)
-    assert bleu >= 90.0
+    assert bleu >= DEMO_MIN_BLEU
 
 
 @pytest.mark.slow
