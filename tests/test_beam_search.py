@@ -319,9 +319,10 @@ def test_growing_the_cache_in_phases_changes_nothing(phases):
 def test_cache_phase_schedule_and_validation():
     from keras_transformer.decoding.common import cache_phases
 
-    assert cache_phases(30) == [8, 16, 30]
-    assert cache_phases(8) == [8] and cache_phases(5) == [5] and cache_phases(16) == [8, 16]
-    assert cache_phases(70) == [8, 16, 32, 64, 70]
+    assert cache_phases(30) == [8, 12, 18, 27, 30]
+    assert cache_phases(8) == [8] and cache_phases(5) == [5] and cache_phases(12) == [8, 12]
+    assert cache_phases(70) == [8, 12, 18, 27, 40, 60, 70]
+    assert cache_phases(5, first=1) == [1, 2, 3, 4, 5]  # grows by at least one
     length = tf.constant(30)
     assert cache_phases(length) == [length]
     script = HistoryScript(random_prefix_tables(1, 9, seed=0))
@@ -335,15 +336,15 @@ def test_cache_phase_schedule_and_validation():
 
 
 def test_the_model_search_grows_its_cache_in_phases_with_the_same_result(monkeypatch):
-    # Static shapes (as under XLA) give phases [8, 16, 21]; one phase of 21
-    # must give the same translations. (Random weights: the hypotheses run
-    # through all three phases.)
+    # Static shapes (as under XLA) give phases [8, 12, 18, 21]; one phase of
+    # 21 must give the same translations. (Random weights: the hypotheses run
+    # through all four phases.)
     config, model, src = tiny_model_and_source((4, 6), vocab_size=30, max_length=64)
     grown = decoding.beam_search_translate(model, src, beam_size=3, extra_length=15)
     module = sys.modules["keras_transformer.decoding.transformer_search"]
-    assert module.cache_phases(21) == [8, 16, 21]
+    assert module.cache_phases(21) == [8, 12, 18, 21]
     monkeypatch.setattr(module, "cache_phases", lambda n: [n])
     single = decoding.beam_search_translate(model, src, beam_size=3, extra_length=15)
     np.testing.assert_array_equal(grown[0], single[0])
     np.testing.assert_allclose(grown[1], single[1], rtol=1e-5, atol=1e-6)
-    assert (np.asarray(grown[0]) != config.pad_id).sum(-1).max() > 8  # past the first phase
+    assert (np.asarray(grown[0]) != config.pad_id).sum(-1).max() > 18  # into the last phase
