@@ -20,7 +20,7 @@ figures are its own):
              platform reports it).
 
 Shapes are BATCHxSOURCExTARGET (training) and BATCHxSOURCE (translation).
-The defaults are the shared bench shapes of `benchmarks/benchmark.py`; on a
+The defaults are the shared bench shapes (`benchmarks/bench_config.py`); on a
 GPU add larger ones (e.g. 384x64x64, ~25k target tokens a batch as in the
 paper's section 5.1) to fill the device.
 """
@@ -301,7 +301,7 @@ def _print(r):
                   f"(first step {t['first_step_s']:.1f} s; loss {t['loss_first_step']:.2f}"
                   f" -> {t['loss_after']:.2f})")
     for t in r.get("translate", []):
-        print(f"  beam-4 {t['shape']:>9s}: {t['sentences_per_s']:9.1f} sentences/s  "
+        print(f"  beam-{TRANSLATE['beam_size']} {t['shape']:>9s}: {t['sentences_per_s']:9.1f} sentences/s  "
               f"{t['ms_per_batch']:8.1f} ms/batch (first call {t['first_call_s']:.1f} s)")
     if r.get("device_peak_mb") is not None:
         print(f"  device peak memory {r['device_peak_mb']:,.0f} MB")

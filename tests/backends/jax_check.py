@@ -63,7 +63,8 @@ report["accuracy_last_epoch"] = history.history["accuracy"][-1]
 # The fixed-shape KV cache gives the full forward pass's logits. In full
 # float32: on NVIDIA GPUs JAX's default runs float32 matmuls as TF32 (10-bit
 # mantissa), and the two paths, which multiply in different shapes, then
-# differ by ~3e-3 (measured on an H100), which would hide a real cache bug.
+# differ by ~3e-3 (measured on an H100); a tolerance loose enough for that
+# would hide a real cache bug.
 with jax.default_matmul_precision("float32"):
     full = np.asarray(model((source, target_in), training=False))
     memory, memory_mask = model.encode(source, training=False)
