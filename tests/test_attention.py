@@ -3,7 +3,6 @@ import numpy as np
 import pytest
 
 from keras_transformer.layers import MultiHeadAttention, scaled_dot_product_attention
-from keras_transformer.layers import attention as attention_module
 from keras_transformer.layers.masks import cache_mask, causal_mask, padding_mask
 
 
@@ -38,11 +37,7 @@ def _copy_into_keras_mha(ours, d_model, heads):
 
 @pytest.mark.parametrize("with_mask", [False, True])
 @pytest.mark.parametrize("weights", [True, False])
-@pytest.mark.parametrize("fused", [False, True])
-def test_multi_head_attention_equals_keras_layer(with_mask, weights, fused, monkeypatch):
-    # `fused`: `ops.dot_product_attention` (what JAX runs) when the weights
-    # are not asked for, forced here whatever the backend prefers.
-    monkeypatch.setattr(attention_module, "fused_attention_pays", lambda: fused)
+def test_multi_head_attention_equals_keras_layer(with_mask, weights):
     d_model, heads = 16, 4
     rng = np.random.default_rng(1)
     q = rng.normal(size=(2, 5, d_model)).astype("float32")

@@ -52,21 +52,6 @@ def scaled_dot_product_attention(q, k, v, mask=None, dropout=None, training=None
     return output, weights
 
 
-def fused_attention_pays():
-    """Whether `MultiHeadAttention` calls `ops.dot_product_attention` when
-    it need not return the weights (no attention dropout in training).
-
-    Not on TensorFlow: there the op is two `tf.einsum`s around a softmax,
-    and `scaled_dot_product_attention`'s batched matmuls were faster on CPU
-    (six self-attention layers, forward and backward, bench shapes: 62.6 vs
-    77.6 ms in float32, 44.9 vs 49.8 ms in mixed bfloat16). On JAX it lowers
-    to `jax.nn.dot_product_attention`: cuDNN's flash-attention kernels on
-    NVIDIA GPUs in bfloat16 (seen in an H100 profile of the `base` training
-    step: 4.9% of its kernel time), XLA's fusion elsewhere.
-    """
-    return keras.backend.backend() != "tensorflow"
-
-
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention, paper section 3.2.2.
@@ -91,8 +76,7 @@ class MultiHeadAttention(keras.layers.Layer):
             True = may attend, False = hidden.
         training: enables dropout.
         return_attention_weights: when False, the weights are not returned
-            (None in their place), which lets the backend use a fused kernel
-            where that is faster (see `fused_attention_pays`).
+            (None in their place).
 
     Returns:
         `(output, attention_weights)`: `(batch, q_len, d_model)` and
@@ -196,19 +180,11 @@ class MultiHeadAttention(keras.layers.Layer):
         """
         if mask is not None:
             mask = ops.cast(mask, "bool")
-        if (not return_attention_weights and not (training and self.dropout)
-                and fused_attention_pays()):
-            # The fused kernel never materialises the weights; it takes
-            # (batch, len, heads, depth) and the same True = attend mask.
-            out = ops.dot_product_attention(
-                ops.transpose(q_heads, (0, 2, 1, 3)),
-                ops.transpose(k_heads, (0, 2, 1, 3)),
-                ops.transpose(v_heads, (0, 2, 1, 3)),
-                mask=mask,
-            )
-            batch, length = ops.shape(out)[0], ops.shape(out)[1]
-            out = ops.reshape(out, (batch, length, self.d_model))
-            return self.dense(out), None
+        # No fused kernel (`ops.dot_product_attention`): it paid nowhere it was
+        # measured. On TensorFlow it is two einsums around a softmax, slower
+        # on CPU than these batched matmuls; on JAX/GPU it was level in
+        # training and 1.09-1.53x slower in bfloat16 beam search, where cuDNN
+        # also rejects the broadcast padding mask (README, Benchmarks: GPU).
         out, weights = scaled_dot_product_attention(
             q_heads, k_heads, v_heads, mask,
             dropout=self.attention_dropout if self.dropout else None,

@@ -89,15 +89,12 @@ report["greedy_equals_beam1"] = bool(np.array_equal(np.asarray(greedy_ids),
                                                     np.asarray(beam1)[:, 0]))
 
 # The training-speed layers on JAX (issue 5): 16-bit dropout, the
-# closed-form LayerNorm gradient, the fused attention kernel, and
-# `transformer_adam` (Keras's Adam here; the fused one is TF-only).
+# closed-form LayerNorm gradient, and `transformer_adam` (Keras's Adam here; the fused one is TF-only).
 from keras import ops  # noqa: E402
 
-from keras_transformer.layers import attention  # noqa: E402
 from keras_transformer.layers.dropout import Dropout, keep_threshold  # noqa: E402
 from keras_transformer.layers.layer_norm import LayerNormalization  # noqa: E402
 
-report["fused_attention_on_jax"] = attention.fused_attention_pays()
 dropped = np.asarray(Dropout(0.1, seed=1)(np.ones((512, 512), "float32"), training=True))
 report["dropout_kept_fraction"] = float((dropped != 0).mean())
 report["dropout_mean"] = float(dropped.mean())
