@@ -178,8 +178,6 @@ class MultiHeadAttention(keras.layers.Layer):
         Returns:
             `(output, attention_weights)` as in `call`.
         """
-        if mask is not None:
-            mask = ops.cast(mask, "bool")
         # No fused kernel (`ops.dot_product_attention`): it paid nowhere it was
         # measured. On TensorFlow it is two einsums around a softmax, slower
         # on CPU than these batched matmuls; on JAX/GPU it was level in

@@ -89,7 +89,8 @@ report["greedy_equals_beam1"] = bool(np.array_equal(np.asarray(greedy_ids),
                                                     np.asarray(beam1)[:, 0]))
 
 # The training-speed layers on JAX (issue 5): 16-bit dropout, the
-# closed-form LayerNorm gradient, and `transformer_adam` (Keras's Adam here; the fused one is TF-only).
+# closed-form LayerNorm gradient, and `transformer_adam` (Keras's Adam here;
+# the fused one is TF-only).
 from keras import ops  # noqa: E402
 
 from keras_transformer.layers.dropout import Dropout, keep_threshold  # noqa: E402
