@@ -316,6 +316,62 @@ def test_growing_the_cache_in_phases_changes_nothing(phases):
     assert lengths.min() < phases[0] and lengths.max() > phases[0]  # both kinds ran
 
 
+
+@pytest.mark.parametrize("reorders", [False, True])
+def test_an_untiled_first_step_changes_nothing_and_runs_once_per_sentence(reorders):
+    # Limits per sentence, phases and early eos, as above; the script sees
+    # 4 rows (one per sentence) at step 0 and 4 x 3 after.
+    tables = random_prefix_tables(4, 9, seed=8, eos_bias=0.5)
+    limits = np.array([9, 3, 7, 5], np.int32)
+    results, rows_seen = [], []
+    for untiled in (False, True):
+        script = HistoryScript(tables)
+        seen = []
+
+        def step_fn(ids, step, cache, parents=None, script=script, seen=seen):
+            seen.append(int(ops.shape(ids)[0]))
+            if parents is not None:  # the search leaves the reorder to us
+                cache = {k: ops.take(v, parents, axis=0) for k, v in cache.items()}
+            return script(ids, step, cache)
+
+        results.append([np.asarray(t) for t in beam_search(
+            step_fn, np.full((4,), BOS), script.initial_cache([0, 1, 2, 3], 2), 3, 0.6, 9,
+            eos_id=EOS, pad_id=PAD, length_limit=limits, reorders_cache=reorders,
+            cache_phases=[2, 4, 9], grow_cache=grow_history, untiled_first_step=untiled)])
+        rows_seen.append(seen)
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-6)
+    assert rows_seen[0] == [12] * len(rows_seen[0])
+    assert rows_seen[1] == [4] + [12] * (len(rows_seen[1]) - 1)
+    assert len(rows_seen[0]) == len(rows_seen[1]) > 4  # into the last phase
+
+
+def test_the_model_search_runs_its_first_step_untiled_with_the_same_result():
+    # `beam_search_translate` runs step 0 once per sentence; the search with
+    # every step on all beams must find the same hypotheses.
+    config, model, src = tiny_model_and_source((4, 6), vocab_size=30, max_length=64)
+    rows = []
+    decode_step = model.decode_step
+    model.decode_step = lambda ids, *args: rows.append(int(ops.shape(ids)[0])) or decode_step(
+        ids, *args)
+    sequences, scores = decoding.beam_search_translate(model, src, beam_size=3, extra_length=6)
+    model.decode_step = decode_step
+    assert rows[:2] == [4, 12]
+    calls = []
+    initial_ids, cache, step_fn = decoding.prepare_decoding(model, src, 8)
+
+    def counted(ids, step, cache, parents=None):
+        calls.append(int(ops.shape(ids)[0]))
+        return step_fn(ids, step, cache, parents)
+
+    tiled = [np.asarray(t) for t in beam_search(
+        counted, initial_ids, cache, 3, 0.6, 12, eos_id=config.eos_id, pad_id=config.pad_id,
+        reorders_cache=True, cache_phases=[8, 12], grow_cache=model.decoder.grow_cache)]
+    assert calls[0] == 12  # the reference really ran step 0 on every beam
+    np.testing.assert_array_equal(np.asarray(sequences), tiled[0])
+    np.testing.assert_allclose(np.asarray(scores), tiled[1], rtol=1e-5, atol=1e-6)
+
+
 def test_cache_phase_schedule_and_validation():
     from keras_transformer.decoding.common import cache_phases
 

@@ -61,3 +61,17 @@ def test_jax_benchmark_parses_shapes_and_overrides():
     assert bench_config.make_config("base").d_model == 512
     with pytest.raises(SystemExit, match="expected key=value"):
         bench_config.make_config("bench", ["dropout"])
+
+
+def test_search_profile_breaks_thunk_time_down_by_kind():
+    script = os.path.join(ROOT, "benchmarks", "profile_search.py")
+    result = subprocess.run([sys.executable, script, "--config", "tiny", "--searches", "1",
+                             "--top", "40"], capture_output=True, text=True, env=ENV, cwd=ROOT,
+                            timeout=600, check=True)
+    lines = result.stdout.splitlines()
+    assert "ms per search unprofiled" in lines[0]
+    total = float(lines[1].split()[2])
+    kinds = {line.split()[0]: float(line.split()[1]) for line in lines[2:]}
+    assert total > 0 and any(k.startswith("MatMul") or k == "dot" for k in kinds)
+    assert any("fusion" in k for k in kinds)  # the loop's fused elementwise work
+    assert sum(kinds.values()) <= total * 1.001

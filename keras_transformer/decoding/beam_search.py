@@ -77,7 +77,8 @@ def _flat_beam_indices(beam_indices, beams_in):
 
 def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alpha,
                 max_decode_length, eos_id, pad_id=0, length_limit=None,
-                reorders_cache=False, cache_phases=None, grow_cache=None):
+                reorders_cache=False, cache_phases=None, grow_cache=None,
+                untiled_first_step=False):
     """Batched beam search.
 
     Args:
@@ -121,6 +122,13 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
             on the phases.
         grow_cache: `(cache, length) -> cache` with room for `length` steps;
             needed with more than one phase.
+        untiled_first_step: if True, step 0 calls `symbols_to_logits_fn`
+            once per sentence, on `initial_ids` and the untiled
+            `initial_cache` (`batch` rows, `parents` the identity), and
+            tiles its logits and cache: before step 0 a sentence's beams are
+            identical, so this is the same search for `1 / beam_size` of the
+            first step's work. The step function must then accept any
+            number of rows per sentence.
 
     Returns:
         `(sequences (batch, beam, max_decode_length) int32, scores (batch,
@@ -151,7 +159,7 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
             first_beam, 0.0, ops.full((batch_size, beam), NEG, SCORE_DTYPE)
         ),
         "alive_last_ids": ops.repeat(ops.expand_dims(initial_ids, 1), beam, axis=1),
-        "alive_cache": keras.tree.map_structure(
+        "alive_cache": None if untiled_first_step else keras.tree.map_structure(
             lambda x: tile_beams(x, beam), initial_cache
         ),
         # With `reorders_cache`, the cache rows each hypothesis continues.
@@ -178,14 +186,19 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
         )
 
     def body(state):
-        step = state["step"]
         ids = ops.reshape(state["alive_last_ids"], (-1,))
         if reorders_cache:
-            logits, cache = symbols_to_logits_fn(ids, step, state["alive_cache"],
+            logits, cache = symbols_to_logits_fn(ids, state["step"], state["alive_cache"],
                                                  state["alive_parents"])
         else:
-            logits, cache = symbols_to_logits_fn(ids, step, state["alive_cache"])
-        log_probs = log_softmax(logits)
+            logits, cache = symbols_to_logits_fn(ids, state["step"], state["alive_cache"])
+        return select(state, log_softmax(logits), cache)
+
+    def select(state, log_probs, cache):
+        """The search's step after the model's: `log_probs` `(batch * beam,
+        vocab)` float32 and `cache` extend the alive hypotheses of
+        `state`; returns the next state."""
+        step = state["step"]
         vocab_size = ops.shape(log_probs)[-1]
         log_probs = ops.reshape(log_probs, (batch_size, beam, vocab_size))
 
@@ -254,6 +267,15 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
         )
         return new_state
 
+    if untiled_first_step:
+        # Step 0 once per sentence (see the docstring), tiled to the beams.
+        ids = state["alive_last_ids"][:, 0]
+        rows = ops.arange(batch_size, dtype="int32")
+        logits, cache = (symbols_to_logits_fn(ids, state["step"], initial_cache, rows)
+                         if reorders_cache else
+                         symbols_to_logits_fn(ids, state["step"], initial_cache))
+        state = select(state, tile_beams(log_softmax(logits), beam),
+                       keras.tree.map_structure(lambda x: tile_beams(x, beam), cache))
     for i, length in enumerate(phases):
         if i:
             state["alive_cache"] = grow_cache(state["alive_cache"], length)

@@ -99,7 +99,8 @@ def beam_search_translate(model, source_ids, beam_size=DEFAULT_BEAM_SIZE,
     return beam_search(step_fn, initial_ids, cache, beam_size, alpha, max_decode_length,
                        eos_id=config.eos_id, pad_id=config.pad_id,
                        length_limit=length_limit, reorders_cache=True,
-                       cache_phases=phases, grow_cache=model.decoder.grow_cache)
+                       cache_phases=phases, grow_cache=model.decoder.grow_cache,
+                       untiled_first_step=True)
 
 
 def greedy_translate(model, source_ids, extra_length=DEFAULT_EXTRA_LENGTH):

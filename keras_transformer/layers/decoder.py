@@ -197,8 +197,11 @@ class DecoderLayer(keras.layers.Layer):
         q = cross.project_queries(h)  # (batch, heads, 1, depth)
         rows, sentences = ops.shape(q)[0], ops.shape(memory_k)[0]
         heads, depth = ops.shape(q)[1], ops.shape(q)[3]
-        q = ops.transpose(ops.reshape(q, (sentences, rows // sentences, heads, depth)),
-                          (0, 2, 1, 3))
+        # At least 1: an empty batch (a serving request with no sentences)
+        # has no rows either, and 0 // 0 is an error at run time.
+        group = rows // (max(sentences, 1) if isinstance(sentences, int)
+                         else ops.maximum(sentences, 1))
+        q = ops.transpose(ops.reshape(q, (sentences, group, heads, depth)), (0, 2, 1, 3))
         y, _ = cross.attend(q, memory_k, memory_v, memory_mask, training=False,
                             return_attention_weights=False)  # (sentences, group, d_model)
         y = ops.reshape(y, (rows, 1, self.d_model))

@@ -1,0 +1,106 @@
+"""Where an XLA beam search spends its time on CPU: per kind of XLA thunk
+(matmul, each fusion kind, copy, ...), from a `tf.profiler` trace.
+
+    python benchmarks/profile_search.py                   # the bench batch
+    python benchmarks/profile_search.py --config base --extra-length 50
+
+Translates the bench translation batch (32 sentences of 20 tokens, beam 4,
+alpha 0.6, untrained weights: every beam runs to full length) `--searches`
+times under the profiler, then prints each thunk kind's total time and count
+per search. XLA names a thunk after its HLO instruction (`MatMul.1173`,
+`bitcast_select_fusion.21`); the kind is that name without the number. Thunk
+times on the two worker threads add up, so they can exceed the wall time.
+"""
+
+import argparse
+import collections
+import glob
+import os
+import re
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __name__ == "__main__":
+    from training import fast_malloc
+
+    fast_malloc.apply()
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
+
+from benchmarks.bench_config import TRANSLATE_SHAPE, make_config, random_ids  # noqa: E402
+
+# Trace events that wrap thunks rather than being one (executors, waits).
+_WRAPPERS = ("ThunkExecutor", "SlinkyThreadPool", "while", "end:")
+
+
+def thunk_times(xspace_path, searches):
+    """`{kind: (ms per search, count per search)}` from an XSpace file."""
+    space = xplane_pb2.XSpace()
+    with open(xspace_path, "rb") as f:
+        space.ParseFromString(f.read())
+    total, count = collections.Counter(), collections.Counter()
+    for plane in space.planes:
+        names = {key: meta.name for key, meta in plane.event_metadata.items()}
+        for line in plane.lines:
+            if "Eigen" not in line.name:  # XLA:CPU runs thunks on TF's Eigen pool
+                continue
+            for event in line.events:
+                kind = re.sub(r"\.\d+$", "", names.get(event.metadata_id, "?"))
+                if not kind.startswith(_WRAPPERS):
+                    total[kind] += event.duration_ps / 1e9 / searches
+                    count[kind] += 1
+    return {kind: (ms, count[kind] / searches) for kind, ms in total.most_common()}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="bench", help="'bench' or a preset name")
+    parser.add_argument("--extra-length", type=int, default=TRANSLATE_SHAPE["extra_length"])
+    parser.add_argument("--searches", type=int, default=3)
+    parser.add_argument("--top", type=int, default=25, help="thunk kinds to print")
+    args = parser.parse_args(argv)
+
+    import keras_transformer as kt
+    from keras_transformer.decoding import beam_search_translate
+
+    shape = TRANSLATE_SHAPE
+    config = make_config(args.config)
+    model = kt.Transformer(config)
+    source = random_ids(config, shape["batch"], shape["source_length"], 2)
+    model.build()
+
+    @tf.function(jit_compile=True)
+    def translate(source):
+        return beam_search_translate(model, source, beam_size=shape["beam_size"],
+                                     alpha=shape["alpha"], extra_length=args.extra_length)[0]
+
+    for _ in range(3):  # compile and warm up
+        np.asarray(translate(source))
+    start = time.perf_counter()
+    for _ in range(args.searches):
+        np.asarray(translate(source))
+    wall_ms = (time.perf_counter() - start) / args.searches * 1e3
+
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir)
+        for _ in range(args.searches):
+            np.asarray(translate(source))
+        tf.profiler.experimental.stop()
+        (path,) = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+        times = thunk_times(path, args.searches)
+
+    print(f"{args.config}, {shape['batch']} sentences x {shape['source_length']} tokens, "
+          f"beam {shape['beam_size']}, extra length {args.extra_length}: "
+          f"{wall_ms:.1f} ms per search unprofiled; thunk time per search:")
+    print(f"  all thunks {sum(ms for ms, _ in times.values()):8.1f} ms")
+    for kind, (ms, calls) in list(times.items())[:args.top]:
+        print(f"  {kind:32s} {ms:8.2f} ms  {calls:6.0f} calls  {ms / calls * 1e3:7.1f} us each")
+
+
+if __name__ == "__main__":
+    main()
