@@ -32,7 +32,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 
-from benchmarks.bench_config import TRANSLATE_SHAPE, make_config, random_ids  # noqa: E402
+from benchmarks.bench_config import TRANSLATE_SHAPE, make_config  # noqa: E402
+from benchmarks.benchmark import Ours, random_batch  # noqa: E402
 
 # Trace events that wrap thunks rather than being one (executors, waits).
 _WRAPPERS = ("ThunkExecutor", "SlinkyThreadPool", "while", "end:")
@@ -65,19 +66,12 @@ def main(argv=None):
     parser.add_argument("--top", type=int, default=25, help="thunk kinds to print")
     args = parser.parse_args(argv)
 
-    import keras_transformer as kt
-    from keras_transformer.decoding import beam_search_translate
-
     shape = TRANSLATE_SHAPE
     config = make_config(args.config)
-    model = kt.Transformer(config)
-    source = random_ids(config, shape["batch"], shape["source_length"], 2)
-    model.build()
-
-    @tf.function(jit_compile=True)
-    def translate(source):
-        return beam_search_translate(model, source, beam_size=shape["beam_size"],
-                                     alpha=shape["alpha"], extra_length=args.extra_length)[0]
+    # The search `benchmark.py --what translate` times (float32, XLA), on its batch.
+    translate = Ours(config, "float32", "auto").translator(
+        shape["beam_size"], shape["alpha"], args.extra_length)
+    source = random_batch(config, shape["batch"], shape["source_length"], 2)
 
     for _ in range(3):  # compile and warm up
         np.asarray(translate(source))

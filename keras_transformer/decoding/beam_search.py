@@ -185,14 +185,17 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
             ops.logical_not(ops.all(state["done"])),
         )
 
+    def extend(ids, step, cache, parents):
+        """The model's step: `(log_probs float32, cache)`; `parents` goes
+        to the step function only when it reorders its own cache."""
+        args = (ids, step, cache) + ((parents,) if reorders_cache else ())
+        logits, cache = symbols_to_logits_fn(*args)
+        return log_softmax(logits), cache
+
     def body(state):
         ids = ops.reshape(state["alive_last_ids"], (-1,))
-        if reorders_cache:
-            logits, cache = symbols_to_logits_fn(ids, state["step"], state["alive_cache"],
-                                                 state["alive_parents"])
-        else:
-            logits, cache = symbols_to_logits_fn(ids, state["step"], state["alive_cache"])
-        return select(state, log_softmax(logits), cache)
+        return select(state, *extend(ids, state["step"], state["alive_cache"],
+                                     state["alive_parents"]))
 
     def select(state, log_probs, cache):
         """The search's step after the model's: `log_probs` `(batch * beam,
@@ -269,12 +272,9 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
 
     if untiled_first_step:
         # Step 0 once per sentence (see the docstring), tiled to the beams.
-        ids = state["alive_last_ids"][:, 0]
-        rows = ops.arange(batch_size, dtype="int32")
-        logits, cache = (symbols_to_logits_fn(ids, state["step"], initial_cache, rows)
-                         if reorders_cache else
-                         symbols_to_logits_fn(ids, state["step"], initial_cache))
-        state = select(state, tile_beams(log_softmax(logits), beam),
+        log_probs, cache = extend(initial_ids, state["step"], initial_cache,
+                                  ops.arange(batch_size, dtype="int32"))
+        state = select(state, tile_beams(log_probs, beam),
                        keras.tree.map_structure(lambda x: tile_beams(x, beam), cache))
     for i, length in enumerate(phases):
         if i:
