@@ -74,4 +74,7 @@ def test_search_profile_breaks_thunk_time_down_by_kind():
     kinds = {line.split()[0]: float(line.split()[1]) for line in lines[2:]}
     assert total > 0 and any(k.startswith("MatMul") or k == "dot" for k in kinds)
     assert any("fusion" in k for k in kinds)  # the loop's fused elementwise work
-    assert sum(kinds.values()) <= total * 1.001
+    # The kinds are a breakdown of the total. Both are printed rounded (the
+    # total to 0.1 ms, each kind to 0.01 ms), so their sums may differ by
+    # that much and no more.
+    assert sum(kinds.values()) <= total + 0.05 + 0.005 * len(kinds)
