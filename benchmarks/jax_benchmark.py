@@ -301,7 +301,8 @@ def _print(r):
                   f"(first step {t['first_step_s']:.1f} s; loss {t['loss_first_step']:.2f}"
                   f" -> {t['loss_after']:.2f})")
     for t in r.get("translate", []):
-        print(f"  beam-{TRANSLATE['beam_size']} {t['shape']:>9s}: {t['sentences_per_s']:9.1f} sentences/s  "
+        print(f"  beam-{TRANSLATE['beam_size']} {t['shape']:>9s}: "
+              f"{t['sentences_per_s']:9.1f} sentences/s  "
               f"{t['ms_per_batch']:8.1f} ms/batch (first call {t['first_call_s']:.1f} s)")
     if r.get("device_peak_mb") is not None:
         print(f"  device peak memory {r['device_peak_mb']:,.0f} MB")

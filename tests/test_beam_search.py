@@ -316,7 +316,6 @@ def test_growing_the_cache_in_phases_changes_nothing(phases):
     assert lengths.min() < phases[0] and lengths.max() > phases[0]  # both kinds ran
 
 
-
 @pytest.mark.parametrize("reorders", [False, True])
 def test_an_untiled_first_step_changes_nothing_and_runs_once_per_sentence(reorders):
     # Limits per sentence, phases and early eos, as above; the script sees
