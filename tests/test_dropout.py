@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_transformer import philox_dropout
 from keras_transformer.layers.dropout import Dropout, dropout, keep_threshold
 
 # Elements per statistical check: the kept fraction's standard deviation is
@@ -21,13 +22,15 @@ def test_threshold_and_effective_rate():
     assert abs(keep_threshold(0.3) / 65536 - 0.3) < 1e-5
 
 
+@pytest.mark.parametrize("portable", [False, True], ids=["philox_xla", "keras_random"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_keeps_the_right_fraction_and_preserves_the_mean(dtype):
+def test_keeps_the_right_fraction_and_preserves_the_mean(dtype, portable):
     # Normal inputs, so per-element rounding in bfloat16 averages out: what
-    # is left is any systematic bias of the keep decision or the scale.
+    # is left is any systematic bias of the keep decision or the scale. Both
+    # implementations: on TensorFlow the default is the fused Philox one.
     rng = np.random.default_rng(0)
     x = tf.cast(tf.constant(rng.normal(1.0, 0.5, (N // 256, 256)).astype("float32")), dtype)
-    y = dropout(x, 0.1, keras.random.SeedGenerator(1))
+    y = dropout(x, 0.1, keras.random.SeedGenerator(1), portable=portable)
     assert y.dtype == x.dtype and y.shape == x.shape
     x32, y32 = (np.asarray(tf.cast(t, tf.float32)) for t in (x, y))
     kept = y32 != 0
@@ -102,6 +105,88 @@ def test_gradient_is_the_mask_times_the_scale():
     grad = tape.gradient(y, x).numpy()
     scale = 65536 / (65536 - keep_threshold(0.2))
     np.testing.assert_allclose(grad, (y.numpy() != 0) * scale, rtol=1e-6)
+
+
+# Published known-answer vectors of Philox-4x32-10 (Random123's kat_vectors):
+# counter words, key words, output words.
+PHILOX_KAT = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+]
+
+
+@pytest.mark.parametrize("counter, key, expected", PHILOX_KAT)
+def test_philox_matches_the_published_vectors(counter, key, expected):
+    words = philox_dropout.philox_4x32([tf.constant([c], tf.uint32) for c in counter],
+                                       [tf.constant(k, tf.uint32) for k in key])
+    assert tuple(int(w.numpy()[0]) for w in words) == expected
+
+
+def test_philox_matches_tensorflows_own_kernel():
+    # TensorFlow's stateless Philox (alg 1) from counter (c, 0, 0, 0): its
+    # 4 * 64 raw words are those of counters c, c + 1, ... in order.
+    key, start = (0x12345678, 0x9ABCDEF0), 7
+    counters = tf.cast(tf.range(start, start + 64), tf.uint32)
+    zeros = tf.zeros_like(counters)
+    ours = tf.stack(philox_dropout.philox_4x32(
+        (counters, zeros, zeros, zeros), [tf.constant(k, tf.uint32) for k in key]), -1)
+    theirs = tf.raw_ops.StatelessRandomUniformFullIntV2(
+        shape=[256], key=tf.constant([key[1] << 32 | key[0]], tf.uint64),
+        counter=tf.constant([start, 0], tf.uint64), alg=1, dtype=tf.uint32)
+    np.testing.assert_array_equal(tf.reshape(ours, [-1]).numpy(), theirs.numpy())
+
+
+def test_tensorflow_path_draws_its_mask_from_philox():
+    # With an int seed the key is `(seed, 0)`: the mask is exactly the
+    # Philox halfwords at or above the threshold (the fused path is the one
+    # that runs, not the portable one).
+    x = tf.ones((8, 6, 5))
+    y = dropout(x, 0.3, 11)
+    bits = philox_dropout.random_halfwords(tf.shape(x), [tf.constant(11, tf.uint32),
+                                                         tf.constant(0, tf.uint32)])
+    np.testing.assert_array_equal(y.numpy() != 0, bits.numpy() >= keep_threshold(0.3))
+    portable = dropout(x, 0.3, 11, portable=True)
+    assert (portable.numpy() != 0).mean() > 0.5  # a valid mask too, from other bits
+    assert not np.array_equal(portable.numpy() != 0, y.numpy() != 0)
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["philox_xla", "keras_random"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_residual_add_and_its_gradients(dtype, portable):
+    rng = np.random.default_rng(3)
+    x, residual = (tf.cast(tf.constant(rng.normal(size=(4, 16, 32)).astype("float32")), dtype)
+                   for _ in range(2))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([x, residual])
+        alone = dropout(x, 0.2, 6, portable=portable)
+        added = dropout(x, 0.2, 6, residual=residual, portable=portable)
+        weights = tf.cast(tf.constant(rng.normal(size=(4, 16, 32)).astype("float32")), dtype)
+        loss = tf.reduce_sum(tf.cast(added * weights, tf.float32))
+    assert added.dtype == residual.dtype
+    # Same seed, same mask; the sum is rounded once (fused) or twice.
+    tolerance = 1e-6 if dtype == "float32" else 2**-7
+    as32 = lambda t: tf.cast(t, tf.float32).numpy()  # noqa: E731
+    np.testing.assert_allclose(as32(added), as32(alone) + as32(residual), rtol=tolerance,
+                               atol=tolerance)
+    kept = as32(alone) != 0
+    scale = 65536 / (65536 - keep_threshold(0.2))
+    dx, dresidual = tape.gradient(loss, [x, residual])
+    np.testing.assert_allclose(as32(dresidual), as32(weights))
+    np.testing.assert_allclose(as32(dx), kept * scale * as32(weights), rtol=tolerance)
+
+
+def test_same_mask_inside_an_xla_compiled_function():
+    # Whole-step XLA (`jit_compile=True`) nests the fused cluster in another.
+    x = tf.random.normal((16, 24))
+
+    @tf.function(jit_compile=True)
+    def compiled(x):
+        return dropout(x, 0.1, 21, residual=x)
+
+    np.testing.assert_allclose(compiled(x).numpy(), dropout(x, 0.1, 21, residual=x).numpy(),
+                               rtol=1e-6)
 
 
 def test_validation_and_config():

@@ -14,8 +14,12 @@ keeps an element when its 16 bits are at least `round(rate * 65536)`. The
 effective rate is that threshold / 65536 (0.1 -> 0.1000061), and kept
 elements are scaled by the inverse of that keep probability, in float32
 even for half-precision inputs, so the output's expectation is the input up
-to one rounding of each product. Pure `keras.ops` and `keras.random`, so it
-runs on every backend.
+to one rounding of each product. The portable version is pure `keras.ops`
+and `keras.random`, so it runs on every backend. On TensorFlow the same
+dropout runs as one XLA cluster with the random bits from Philox-4x32-10
+written out in integer ops, fused with the residual add that follows a
+sub-layer's dropout (`keras_transformer/philox_dropout.py`): the same
+threshold, scale and statistics, from a different stream of bits.
 """
 
 import math
@@ -49,32 +53,42 @@ def _random_halfwords(shape, size, seed):
     return ops.reshape(ops.reshape(ops.view(words, "uint16"), (-1,))[:size], shape)
 
 
-def dropout(x, rate, seed):
+def dropout(x, rate, seed, residual=None, portable=False):
     """Zeroes each element of `x` with probability `keep_threshold(rate) /
-    65536` and scales the others by the inverse of the keep probability.
+    65536` and scales the others by the inverse of the keep probability;
+    adds `residual` after, when given.
 
     Args:
         x: any shape, float.
         rate: float in [0, 1).
         seed: a `keras.random.SeedGenerator` (or an int seed).
+        residual: optional, `x`'s shape: returns `residual + dropout(x)`
+            (the sub-layer connection of section 5.4).
+        portable: use the `keras.ops` version on TensorFlow too (tests
+            compare the two); other backends always use it.
 
-    Returns: same shape and dtype as `x`.
+    Returns: same shape and dtype as `x` (`residual`'s dtype when given).
     """
     threshold = keep_threshold(rate)
     if threshold == 0:
-        return x
+        return x if residual is None else residual + x
+    scale = _LEVELS / (_LEVELS - threshold)
+    if keras.backend.backend() == "tensorflow" and not portable:
+        from keras_transformer import philox_dropout
+
+        return philox_dropout.dropout(x, threshold, scale, seed, residual)
     shape = tuple(ops.shape(x))
     size = math.prod(shape) if all(isinstance(d, int) for d in shape) else ops.size(x)
     bits = _random_halfwords(shape, size, seed)
     keep = ops.greater_equal(bits, ops.cast(threshold, "uint16"))
-    scale = _LEVELS / (_LEVELS - threshold)
     if keras.backend.standardize_dtype(x.dtype) in ("float16", "bfloat16"):
         # The scale rounded to bfloat16 (1.109375 for 0.1) would shrink every
         # kept element by 0.16%; scaling in float32 rounds each product once.
         scaled = ops.cast(ops.cast(x, "float32") * scale, x.dtype)
     else:
         scaled = x * ops.cast(scale, x.dtype)
-    return ops.where(keep, scaled, ops.zeros((), x.dtype))
+    dropped = ops.where(keep, scaled, ops.zeros((), x.dtype))
+    return dropped if residual is None else residual + dropped
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -85,7 +99,9 @@ class Dropout(keras.layers.Layer):
         rate: fraction of elements to zero, in [0, 1); 0 is the identity.
         seed: optional int, for reproducible masks.
 
-    Call: `x` (any shape), `training`: dropout only when True.
+    Call: `x` (any shape), `training`: dropout only when True; `residual`
+    (optional, `x`'s shape): returns `residual + dropout(x)`, fused on
+    TensorFlow.
     """
 
     def __init__(self, rate, seed=None, **kwargs):
@@ -98,10 +114,10 @@ class Dropout(keras.layers.Layer):
             self.seed_generator = keras.random.SeedGenerator(seed)
         self.built = True
 
-    def call(self, x, training=False):
+    def call(self, x, training=False, residual=None):
         if training and keep_threshold(self.rate) > 0:
-            return dropout(x, self.rate, self.seed_generator)
-        return x
+            return dropout(x, self.rate, self.seed_generator, residual)
+        return x if residual is None else residual + x
 
     def compute_output_shape(self, input_shape):
         return input_shape

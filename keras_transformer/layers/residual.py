@@ -45,7 +45,7 @@ class ResidualNorm(keras.layers.Layer):
         return self.norm(x) if self.norm_first else x
 
     def add(self, x, sublayer_output, training=None):
-        x = x + self.residual_dropout(sublayer_output, training=training)
+        x = self.residual_dropout(sublayer_output, training=training, residual=x)
         return x if self.norm_first else self.norm(x)
 
     def call(self, x, sublayer_output, training=None):
