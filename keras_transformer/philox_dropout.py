@@ -1,18 +1,23 @@
-"""Dropout on TensorFlow as one XLA cluster: Philox random bits, the keep
-decision, the scaling and the residual add in one pass.
+"""Dropout on TensorFlow as XLA clusters: Philox random bits, the keep
+decision, the scaling, the residual add and (post-LN) the layer norm after
+it, in one pass.
 
 `layers/dropout.py` defines the dropout (16 random bits per element, kept
 at or above a 16-bit threshold, scaled in float32); this module is how it
 runs on TensorFlow. There, the portable version is five graph ops:
 TensorFlow's stateless random-integer kernel (Philox-4x32-10 run one
 counter at a time), a bitcast, a compare, a multiply and a select, plus the
-residual add after it; in bfloat16 each elementwise op is slow in the graph
-executor. Here the same generator, Philox-4x32-10 (Salmon et al. 2011,
-"Parallel random numbers: as easy as 1, 2, 3"; the generator TensorFlow's
-stateless ops use), is written out in integer ops so that XLA vectorizes it,
-and fused with the rest: forward one cluster, backward one select. In the
-bench training step (17 dropouts, 15 of them before a residual add) that is
-1.046x faster in mixed bfloat16 and 1.015x in float32 (README, "What was
+residual add and the norm's ~20 ops after it; in bfloat16 each elementwise
+op is slow in the graph executor. Here the same generator, Philox-4x32-10
+(Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3"; the
+generator TensorFlow's stateless ops use), is written out in integer ops so
+that XLA vectorizes it, and fused with the rest: `dropout` (optionally
+followed by the residual add) and `dropout_add_norm` (the post-LN sub-layer
+connection, `LayerNorm(x + Dropout(Sublayer(x)))`, sections 3.1 and 5.4)
+are one cluster forward and one backward. In the bench training step (17
+dropouts, 15 of them in a sub-layer connection) the dropout with the add
+made the step 1.053x faster in mixed bfloat16 and 1.015x in float32, and
+the norm in the same cluster another 1.041x and 1.022x (README, "What was
 tried").
 
 TensorFlow only (`tf.function(jit_compile=True)`); only training runs it,
@@ -22,6 +27,8 @@ so exported serving signatures stay XLA-free.
 import functools
 
 import tensorflow as tf
+
+from keras_transformer.layers import layer_norm
 
 # Philox-4x32 round multipliers and key increments (Salmon et al., table 2).
 _MULTIPLIERS = (0xD2511F53, 0xCD9E8D57)
@@ -113,6 +120,41 @@ def _dropout_add(x, residual, key, threshold, scale):
     return out, grad
 
 
+@functools.partial(tf.function, jit_compile=True, autograph=False, reduce_retracing=True)
+def _forward_norm(x, residual, gamma, beta, key, threshold, scale, epsilon):
+    """`(LayerNorm(residual + dropout(x)), keep, x_hat, inverse_std)`."""
+    keep = random_halfwords(tf.shape(x), tf.unstack(key)) >= tf.cast(threshold, tf.uint16)
+    summed = tf.cast(residual, tf.float32) + tf.where(keep, _scaled(x, scale), 0.0)
+    x_hat, inverse_std = layer_norm.normalize(summed, epsilon)
+    return tf.cast(x_hat * gamma + beta, residual.dtype), keep, x_hat, inverse_std
+
+
+@functools.partial(tf.function, jit_compile=True, autograph=False, reduce_retracing=True)
+def _backward_norm(upstream, keep, x_hat, inverse_std, gamma, scale):
+    """`(d residual, d x)`: through the norm (its row means), then the mask."""
+    dsum = layer_norm.normalize_gradient(tf.cast(upstream, tf.float32) * gamma, x_hat,
+                                         inverse_std)
+    return (tf.cast(dsum, upstream.dtype),
+            tf.cast(tf.where(keep, dsum * scale, 0.0), upstream.dtype))
+
+
+@tf.custom_gradient
+def _dropout_add_norm(x, residual, gamma, beta, key, threshold, scale, epsilon):
+    out, keep, x_hat, inverse_std = _forward_norm(x, residual, gamma, beta, key, threshold,
+                                                  scale, epsilon)
+
+    def grad(upstream):
+        dresidual, dx = _backward_norm(upstream, keep, x_hat, inverse_std, gamma, scale)
+        # gamma's and beta's sums over all rows stay outside XLA: XLA:CPU's
+        # column reductions made the fused norm slower than TensorFlow's.
+        dy = tf.cast(upstream, tf.float32)
+        leading = list(range(len(upstream.shape) - 1))
+        return (tf.cast(dx, x.dtype), dresidual, tf.reduce_sum(dy * x_hat, leading),
+                tf.reduce_sum(dy, leading), None, None, None, None)
+
+    return out, grad
+
+
 def seed_key(seed):
     """Philox's key (a `(2,)` uint32 tensor) from a
     `keras.random.SeedGenerator` (its next state, so that each call draws a
@@ -144,3 +186,21 @@ def dropout(x, threshold, scale, seed, residual=None):
     if residual is None:
         return _dropout(x, key, threshold, scale)
     return _dropout_add(x, residual, key, threshold, scale)
+
+
+def dropout_add_norm(x, residual, gamma, beta, epsilon, threshold, scale, seed):
+    """`LayerNorm(residual + dropout(x))` (the paper's sub-layer connection,
+    sections 3.1 and 5.4) in one XLA cluster forward and one backward.
+
+    Args:
+        x, residual: the sub-layer's output and input, one shape `(..., d)`.
+        gamma, beta: `(d,)` float32, the norm's scale and offset.
+        epsilon: the norm's epsilon.
+        threshold, scale, seed: as for `dropout`.
+
+    Returns: `(..., d)` in `residual`'s dtype; statistics in float32 (the
+    math of `layers/layer_norm.py`, which this calls).
+    """
+    return _dropout_add_norm(x, residual, gamma, beta, seed_key(seed),
+                             tf.constant(threshold, tf.int32), tf.constant(scale, tf.float32),
+                             tf.constant(epsilon, tf.float32))

@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import philox_dropout
-from keras_transformer.layers.dropout import Dropout, dropout, keep_threshold
+from keras_transformer.layers.dropout import Dropout, dropout, keep_scale, keep_threshold
 
 # Elements per statistical check: the kept fraction's standard deviation is
 # sqrt(0.09 / N) ~ 2.1e-4, so the 5-sigma bounds below are ~1e-3.
@@ -196,3 +196,50 @@ def test_validation_and_config():
         Dropout(-0.1)
     clone = Dropout.from_config(Dropout(0.3, seed=7).get_config())
     assert (clone.rate, clone.seed) == (0.3, 7)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_dropout_add_norm_equals_the_unfused_layers(dtype):
+    # LayerNorm(residual + dropout(x)) in one cluster against dropout with
+    # the residual add, then layer_norm: same key, so the same mask; values
+    # and all four gradients agree.
+    from keras_transformer.layers.layer_norm import layer_norm
+    from keras_transformer.layers.residual import ResidualNorm
+
+    rng = np.random.default_rng(8)
+    x, residual = (tf.cast(tf.constant(rng.normal(size=(4, 16, 32)).astype("float32")), dtype)
+                   for _ in range(2))
+    gamma = tf.constant(rng.normal(1.0, 0.2, 32).astype("float32"))
+    beta = tf.constant(rng.normal(0.0, 0.2, 32).astype("float32"))
+    weights = tf.constant(rng.normal(size=(4, 16, 32)).astype("float32"))
+    rate, eps = 0.2, 1e-6
+
+    def run(fused):
+        with tf.GradientTape() as tape:
+            tape.watch([x, residual, gamma, beta])
+            if fused:
+                out = philox_dropout.dropout_add_norm(x, residual, gamma, beta, eps,
+                                                      keep_threshold(rate), keep_scale(rate), 9)
+            else:
+                out = layer_norm(dropout(x, rate, 9, residual=residual), gamma, beta, eps)
+            loss = tf.reduce_sum(tf.cast(out, tf.float32) * weights)
+        return [tf.cast(t, tf.float32).numpy()
+                for t in [out] + tape.gradient(loss, [x, residual, gamma, beta])]
+
+    # bfloat16: the unfused path rounds the sum to bfloat16 before the norm.
+    tolerance = 2e-5 if dtype == "float32" else 5e-2
+    for fused, unfused in zip(run(True), run(False)):
+        np.testing.assert_allclose(fused, unfused, rtol=tolerance, atol=tolerance)
+
+    # The layer takes the fused path when training (post-LN, TensorFlow).
+    x, residual = tf.cast(x, tf.float32), tf.cast(residual, tf.float32)
+    layer = ResidualNorm(dropout=rate, epsilon=eps)
+    layer.build(x.shape)
+    state = layer.residual_dropout.seed_generator.state.numpy()
+    out = layer(residual, x, training=True)
+    generator = keras.random.SeedGenerator(0)
+    generator.state.assign(state)
+    expected = philox_dropout.dropout_add_norm(x, residual, tf.ones([32]), tf.zeros([32]), eps,
+                                               keep_threshold(rate), keep_scale(rate), generator)
+    np.testing.assert_array_equal(tf.cast(out, tf.float32).numpy(),
+                                  tf.cast(expected, tf.float32).numpy())

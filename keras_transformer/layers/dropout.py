@@ -38,6 +38,11 @@ def keep_threshold(rate):
     return round(rate * _LEVELS)
 
 
+def keep_scale(rate):
+    """The inverse of the keep probability, `65536 / (65536 - threshold)`."""
+    return _LEVELS / (_LEVELS - keep_threshold(rate))
+
+
 def _random_halfwords(shape, size, seed):
     """`shape` of uniform uint16 random values, from `ceil(size / 2)` int32
     draws (`size` = number of elements)."""
@@ -72,7 +77,7 @@ def dropout(x, rate, seed, residual=None, portable=False):
     threshold = keep_threshold(rate)
     if threshold == 0:
         return x if residual is None else residual + x
-    scale = _LEVELS / (_LEVELS - threshold)
+    scale = keep_scale(rate)
     if keras.backend.backend() == "tensorflow" and not portable:
         from keras_transformer import philox_dropout
 

@@ -14,6 +14,24 @@ import keras
 from keras import ops
 
 
+def normalize(x, epsilon):
+    """`(x_hat, inverse_std)`: `x` `(..., d)` float32 standardized over the
+    last axis, and `r = 1 / sqrt(var + epsilon)` `(..., 1)`."""
+    centered = x - ops.mean(x, axis=-1, keepdims=True)
+    inverse_std = ops.rsqrt(ops.mean(ops.square(centered), axis=-1, keepdims=True) + epsilon)
+    return centered * inverse_std, inverse_std
+
+
+def normalize_gradient(g, x_hat, inverse_std):
+    """The gradient through `normalize` for `g = dy * gamma` (float32):
+    `r * (g - mean(g) - x_hat * mean(g * x_hat))`, means over the last axis."""
+    return inverse_std * (
+        g
+        - ops.mean(g, axis=-1, keepdims=True)
+        - x_hat * ops.mean(g * x_hat, axis=-1, keepdims=True)
+    )
+
+
 def layer_norm(x, gamma, beta, epsilon):
     """`(x - mean) / sqrt(var + epsilon) * gamma + beta` over the last axis.
 
@@ -36,22 +54,12 @@ def layer_norm(x, gamma, beta, epsilon):
     dtype = x.dtype
 
     @ops.custom_gradient
-    def normalize(x, gamma, beta):
-        x32 = ops.cast(x, "float32")
-        centered = x32 - ops.mean(x32, axis=-1, keepdims=True)
-        inverse_std = ops.rsqrt(
-            ops.mean(ops.square(centered), axis=-1, keepdims=True) + epsilon
-        )
-        x_hat = centered * inverse_std
+    def normalize_affine(x, gamma, beta):
+        x_hat, inverse_std = normalize(ops.cast(x, "float32"), epsilon)
 
         def grad(*args, upstream=None):
             dy = ops.cast(args[0] if upstream is None else upstream, "float32")
-            g = dy * gamma
-            dx = inverse_std * (
-                g
-                - ops.mean(g, axis=-1, keepdims=True)
-                - x_hat * ops.mean(g * x_hat, axis=-1, keepdims=True)
-            )
+            dx = normalize_gradient(dy * gamma, x_hat, inverse_std)
             leading = tuple(range(len(x.shape) - 1))
             return (
                 ops.cast(dx, dtype),
@@ -61,7 +69,7 @@ def layer_norm(x, gamma, beta, epsilon):
 
         return ops.cast(x_hat * gamma + beta, dtype), grad
 
-    return normalize(x, gamma, beta)
+    return normalize_affine(x, gamma, beta)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
