@@ -78,17 +78,23 @@ def random_halfwords(shape, key):
     return tf.reshape(halfwords[:size], shape)
 
 
-def _scaled(x, scale):
-    # In float32 even for half-precision inputs: the scale rounded to
-    # bfloat16 would bias every kept element (see layers/dropout.py).
-    return tf.cast(x, tf.float32) * scale
+def _keep(shape, key, threshold):
+    """The keep mask: each element's 16 random bits are >= `threshold`."""
+    return random_halfwords(shape, tf.unstack(key)) >= tf.cast(threshold, tf.uint16)
+
+
+def _masked(keep, x, scale):
+    """`x * scale` where kept, else 0, in float32 even for half-precision
+    `x`: the scale rounded to bfloat16 would bias every kept element (see
+    layers/dropout.py)."""
+    return tf.where(keep, tf.cast(x, tf.float32) * scale, 0.0)
 
 
 @functools.partial(tf.function, jit_compile=True, autograph=False, reduce_retracing=True)
 def _forward(x, residual, key, threshold, scale):
     """`(residual + dropout(x), keep)`, without `residual` when it is None."""
-    keep = random_halfwords(tf.shape(x), tf.unstack(key)) >= tf.cast(threshold, tf.uint16)
-    dropped = tf.where(keep, _scaled(x, scale), 0.0)
+    keep = _keep(tf.shape(x), key, threshold)
+    dropped = _masked(keep, x, scale)
     if residual is None:
         return tf.cast(dropped, x.dtype), keep
     return tf.cast(tf.cast(residual, tf.float32) + dropped, residual.dtype), keep
@@ -96,7 +102,7 @@ def _forward(x, residual, key, threshold, scale):
 
 @functools.partial(tf.function, jit_compile=True, autograph=False, reduce_retracing=True)
 def _backward(upstream, keep, scale):
-    return tf.cast(tf.where(keep, _scaled(upstream, scale), 0.0), upstream.dtype)
+    return tf.cast(_masked(keep, upstream, scale), upstream.dtype)
 
 
 @tf.custom_gradient
@@ -123,8 +129,8 @@ def _dropout_add(x, residual, key, threshold, scale):
 @functools.partial(tf.function, jit_compile=True, autograph=False, reduce_retracing=True)
 def _forward_norm(x, residual, gamma, beta, key, threshold, scale, epsilon):
     """`(LayerNorm(residual + dropout(x)), keep, x_hat, inverse_std)`."""
-    keep = random_halfwords(tf.shape(x), tf.unstack(key)) >= tf.cast(threshold, tf.uint16)
-    summed = tf.cast(residual, tf.float32) + tf.where(keep, _scaled(x, scale), 0.0)
+    keep = _keep(tf.shape(x), key, threshold)
+    summed = tf.cast(residual, tf.float32) + _masked(keep, x, scale)
     x_hat, inverse_std = layer_norm.normalize(summed, epsilon)
     return tf.cast(x_hat * gamma + beta, residual.dtype), keep, x_hat, inverse_std
 
@@ -135,7 +141,7 @@ def _backward_norm(upstream, keep, x_hat, inverse_std, gamma, scale):
     dsum = layer_norm.normalize_gradient(tf.cast(upstream, tf.float32) * gamma, x_hat,
                                          inverse_std)
     return (tf.cast(dsum, upstream.dtype),
-            tf.cast(tf.where(keep, dsum * scale, 0.0), upstream.dtype))
+            tf.cast(_masked(keep, dsum, scale), upstream.dtype))
 
 
 @tf.custom_gradient
@@ -147,10 +153,8 @@ def _dropout_add_norm(x, residual, gamma, beta, key, threshold, scale, epsilon):
         dresidual, dx = _backward_norm(upstream, keep, x_hat, inverse_std, gamma, scale)
         # gamma's and beta's sums over all rows stay outside XLA: XLA:CPU's
         # column reductions made the fused norm slower than TensorFlow's.
-        dy = tf.cast(upstream, tf.float32)
-        leading = list(range(len(upstream.shape) - 1))
-        return (tf.cast(dx, x.dtype), dresidual, tf.reduce_sum(dy * x_hat, leading),
-                tf.reduce_sum(dy, leading), None, None, None, None)
+        dgamma, dbeta = layer_norm.affine_gradients(tf.cast(upstream, tf.float32), x_hat)
+        return tf.cast(dx, x.dtype), dresidual, dgamma, dbeta, None, None, None, None
 
     return out, grad
 

@@ -32,6 +32,13 @@ def normalize_gradient(g, x_hat, inverse_std):
     )
 
 
+def affine_gradients(dy, x_hat):
+    """`(dgamma, dbeta)`: `sum(dy * x_hat)` and `sum(dy)` over the leading
+    axes, for float32 `dy` and `x_hat` `(..., d)`."""
+    leading = tuple(range(len(dy.shape) - 1))
+    return ops.sum(dy * x_hat, axis=leading), ops.sum(dy, axis=leading)
+
+
 def layer_norm(x, gamma, beta, epsilon):
     """`(x - mean) / sqrt(var + epsilon) * gamma + beta` over the last axis.
 
@@ -60,12 +67,7 @@ def layer_norm(x, gamma, beta, epsilon):
         def grad(*args, upstream=None):
             dy = ops.cast(args[0] if upstream is None else upstream, "float32")
             dx = normalize_gradient(dy * gamma, x_hat, inverse_std)
-            leading = tuple(range(len(x.shape) - 1))
-            return (
-                ops.cast(dx, dtype),
-                ops.sum(dy * x_hat, axis=leading),
-                ops.sum(dy, axis=leading),
-            )
+            return (ops.cast(dx, dtype),) + affine_gradients(dy, x_hat)
 
         return ops.cast(x_hat * gamma + beta, dtype), grad
 
