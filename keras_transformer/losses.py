@@ -6,7 +6,6 @@ import math
 import keras
 from keras import ops
 
-from keras_transformer.xla import compile_on_tensorflow
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -43,9 +42,16 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
             )
         self.label_smoothing = label_smoothing
         self.pad_id = pad_id
-        # On TensorFlow an XLA cluster of its own (see `keras_transformer/xla.py`).
-        self._per_token_loss = compile_on_tensorflow(functools.partial(
-            label_smoothed_cross_entropy, label_smoothing=label_smoothing, pad_id=pad_id))
+        if keras.backend.backend() == "tensorflow":
+            # Two XLA clusters with the gradient written out
+            # (`keras_transformer/fused_cross_entropy.py`); the same values.
+            from keras_transformer import fused_cross_entropy
+
+            loss_fn = fused_cross_entropy.label_smoothed_cross_entropy
+        else:
+            loss_fn = label_smoothed_cross_entropy  # JAX compiles the whole step
+        self._per_token_loss = functools.partial(
+            loss_fn, label_smoothing=label_smoothing, pad_id=pad_id)
 
     def call(self, y_true, y_pred):
         return self._per_token_loss(y_true, y_pred)

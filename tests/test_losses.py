@@ -11,7 +11,7 @@ def hand_loss(logits, target, eps):
     logp = logits - np.log(np.exp(logits).sum())
     q = np.full(v, eps / (v - 1))
     q[target] = 1 - eps
-    return -(q * logp).sum() + (q * np.log(q)).sum()  # KL(q || p)
+    return -(q * logp).sum() + (q * np.log(np.where(q > 0, q, 1))).sum()  # KL(q || p)
 
 
 def test_loss_equals_hand_computation_and_ignores_padding():
@@ -46,25 +46,56 @@ def test_masked_accuracy_counts_real_tokens_only():
     assert float(metric.result()) == pytest.approx(2 / 4)
 
 
-def test_on_tensorflow_the_loss_is_its_own_xla_cluster_with_the_same_values():
-    # XLA fuses the loss's passes over the logits (keras_transformer/xla.py);
-    # values and gradients are those of the plain keras.ops function.
+@pytest.mark.parametrize("eps", [0.1, 0.0])
+def test_on_tensorflow_the_fused_loss_has_the_values_and_gradients_of_the_plain_one(eps):
+    # fused_cross_entropy.py: two XLA clusters and a written-out gradient
+    # (softmax - q) instead of TensorFlow differentiating the keras.ops loss.
     import tensorflow as tf
 
+    from keras_transformer import fused_cross_entropy
     from keras_transformer.losses import label_smoothed_cross_entropy
 
-    loss = LabelSmoothedCrossEntropy(0.1, pad_id=0)
-    assert loss._per_token_loss.function_spec.jit_compile is True
+    loss = LabelSmoothedCrossEntropy(eps, pad_id=0)
+    assert loss._per_token_loss.func is fused_cross_entropy.label_smoothed_cross_entropy
     rng = np.random.default_rng(3)
-    y = rng.integers(0, 50, (4, 6)).astype("int32")
-    y[0, -2:] = 0
-    logits = tf.constant(rng.normal(size=(4, 6, 50)).astype("float32") * 3)
+    # Three shapes, so that the XLA functions are also traced with relaxed
+    # (unknown) dimensions, the vocabulary included.
+    for batch, length, vocab in [(4, 6, 50), (3, 5, 50), (2, 7, 33)]:
+        y = rng.integers(1, vocab, (batch, length)).astype("int32")
+        y[0, -2:] = 0
+        logits = tf.constant(rng.normal(size=(batch, length, vocab)).astype("float32") * 3)
+        upstream = tf.constant(rng.random((batch, length)).astype("float32"))
+        results = []
+        for fn in (loss.call, lambda a, b: label_smoothed_cross_entropy(a, b, eps, 0)):
+            with tf.GradientTape() as tape:
+                tape.watch(logits)
+                per_token = fn(y, logits)
+            results.append((per_token.numpy(),
+                            tape.gradient(per_token, logits, upstream).numpy()))
+        (fused, fused_grad), (plain, plain_grad) = results
+        np.testing.assert_allclose(fused, plain, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(fused_grad, plain_grad, rtol=1e-5, atol=1e-6)
+        assert np.all(fused[0, -2:] == 0) and np.all(fused_grad[0, -2:] == 0)
+        per_row = [hand_loss(logits.numpy()[1, t], y[1, t], eps) for t in range(length)]
+        np.testing.assert_allclose(fused[1], per_row, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_loss_takes_bfloat16_logits_and_returns_their_gradient_dtype():
+    import tensorflow as tf
+
+    from keras_transformer import fused_cross_entropy
+
+    rng = np.random.default_rng(4)
+    y = rng.integers(1, 40, (2, 3)).astype("int32")
+    logits32 = tf.constant(rng.normal(size=(2, 3, 40)).astype("float32"))
+    logits16 = tf.cast(logits32, tf.bfloat16)
     results = []
-    for fn in (loss.call, lambda a, b: label_smoothed_cross_entropy(a, b, 0.1, 0)):
+    for logits in (tf.cast(logits16, tf.float32), logits16):
         with tf.GradientTape() as tape:
             tape.watch(logits)
-            per_token = fn(y, logits)
-        results.append((per_token.numpy(), tape.gradient(per_token, logits).numpy()))
-    for compiled, plain in zip(*results):
-        np.testing.assert_allclose(compiled, plain, rtol=1e-5, atol=1e-6)
-    assert np.all(results[0][0][0, -2:] == 0)
+            per_token = fused_cross_entropy.label_smoothed_cross_entropy(y, logits, 0.1, 0)
+        grad = tape.gradient(per_token, logits)
+        assert per_token.dtype == tf.float32 and grad.dtype == logits.dtype
+        results.append((per_token.numpy(), tf.cast(grad, tf.float32).numpy()))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_allclose(results[1][1], results[0][1], rtol=1e-2, atol=1e-3)
