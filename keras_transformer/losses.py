@@ -7,7 +7,6 @@ import keras
 from keras import ops
 
 
-
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class LabelSmoothedCrossEntropy(keras.losses.Loss):
     """Cross-entropy against `(1 - eps)` on the reference token and

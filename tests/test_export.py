@@ -205,6 +205,36 @@ def test_xla_translation_matches_the_graph_translation(exported):
     np.testing.assert_allclose(scores, exported["options"][1], rtol=1e-4, atol=1e-4)
 
 
+def test_test_set_translation_compiles_one_search_per_16_token_source_bucket():
+    # Translating a test set compiles the search once per source-length
+    # bucket, and compiling is most of the time there: buckets of 16 tokens
+    # (TEST_SET_LENGTH_BUCKET), where a server's signature uses 8.
+    from keras_transformer.export.translator import (
+        SOURCE_LENGTH_BUCKET,
+        TEST_SET_LENGTH_BUCKET,
+    )
+
+    assert (SOURCE_LENGTH_BUCKET, TEST_SET_LENGTH_BUCKET) == (8, 16)
+    keras.utils.set_random_seed(20261123)
+    tokenizer = SubwordTokenizer(train_sentencepiece(CORPUS, vocab_size=400))
+    config = kt.get_config("tiny", vocab_size=tokenizer.vocab_size, dropout=0.0,
+                           max_length=40)
+    model = kt.Transformer(config)
+    model.build()
+    translator = Translator(model, tokenizer, beam_size=2, alpha=0.6, extra_length=2)
+    # Sources of 1-8, 9-16 and 17-32 tokens, eos included.
+    candidates = [" ".join(["Two dogs"] * k) for k in range(1, 16)]
+    lengths = [len(t) + 1 for t in tokenizer.tokenize(tf.constant(candidates)).to_list()]
+    short, longer, longest = (
+        next(c for c, n in zip(candidates, lengths) if low < n <= high)
+        for low, high in [(0, 8), (8, 16), (16, 32)])
+    search = translator._xla_search(2, 0.6, 2)
+    translator.translate([short, longer], batch_size=1, jit_compile=True)
+    assert search.experimental_get_tracing_count() == 1
+    translator.translate([longest], batch_size=1, jit_compile=True)
+    assert search.experimental_get_tracing_count() == 2
+
+
 def test_the_xla_signature_gives_the_serving_default_translations(exported, fresh):
     for key in ("sentences", "bad"):
         assert decoded(fresh["xla_" + key]) == decoded(fresh[key])
