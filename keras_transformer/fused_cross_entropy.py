@@ -26,29 +26,20 @@ stay XLA-free for a stock TF Serving binary.
 """
 
 import functools
-import math
 
 import tensorflow as tf
 
+from keras_transformer.losses import smoothed_target
+
 _xla = functools.partial(tf.function, jit_compile=True, autograph=False,
                          reduce_retracing=True)
-
-
-def _smoothing(vocab_size, label_smoothing):
-    """`(q on the reference token, q elsewhere, entropy of q)`; `vocab_size`
-    a scalar tensor (shapes may be relaxed to unknown between traces)."""
-    eps = label_smoothing
-    if not eps:
-        return 1.0, 0.0, 0.0
-    low = eps / tf.cast(vocab_size - 1, tf.float32)
-    return 1.0 - eps, low, -((1.0 - eps) * math.log(1.0 - eps) + eps * tf.math.log(low))
 
 
 @_xla
 def _forward(y_true, logits, label_smoothing, pad_id):
     """`(per-token loss (batch, tgt_len), log-sum-exp (batch, tgt_len))`."""
     vocab_size = tf.shape(logits)[-1]
-    high, low, entropy = _smoothing(vocab_size, label_smoothing)
+    high, low, entropy = smoothed_target(vocab_size, label_smoothing)
     row_max = tf.reduce_max(logits, axis=-1, keepdims=True)
     log_sum_exp = (tf.math.log(tf.reduce_sum(tf.exp(logits - row_max), axis=-1))
                    + row_max[..., 0])
@@ -67,7 +58,7 @@ def _forward(y_true, logits, label_smoothing, pad_id):
 def _backward(upstream, y_true, logits, log_sum_exp, label_smoothing, pad_id):
     """`upstream * (softmax(logits) - q)`, 0 at padding: `(batch, tgt_len, V)`."""
     vocab_size = tf.shape(logits)[-1]
-    high, low, _ = _smoothing(vocab_size, label_smoothing)
+    high, low, _ = smoothed_target(vocab_size, label_smoothing)
     probs = tf.exp(logits - log_sum_exp[..., None])
     target = tf.where(tf.equal(tf.range(vocab_size), y_true[..., None]), high, low)
     upstream = tf.where(tf.not_equal(y_true, pad_id), upstream, 0.0)

@@ -86,19 +86,27 @@ def label_smoothed_cross_entropy(y_true, y_pred, label_smoothing, pad_id):
     true_log_prob = ops.squeeze(
         ops.take_along_axis(log_probs, ops.expand_dims(y_true, -1), axis=-1), -1
     )
-    eps = label_smoothing
-    if eps:
-        low = eps / ops.cast(vocab_size - 1, "float32")
+    high, low, entropy = smoothed_target(vocab_size, label_smoothing)
+    if label_smoothing:
         sum_log_probs = ops.sum(log_probs, axis=-1)
-        cross_entropy = -(
-            (1.0 - eps) * true_log_prob + low * (sum_log_probs - true_log_prob)
-        )
-        # Entropy of the smoothed target distribution (its minimum).
-        entropy = -((1.0 - eps) * math.log(1.0 - eps) + eps * ops.log(low))
+        cross_entropy = -(high * true_log_prob + low * (sum_log_probs - true_log_prob))
         per_token = cross_entropy - entropy
     else:
         per_token = -true_log_prob
     return ops.where(ops.not_equal(y_true, pad_id), per_token, 0.0)
+
+
+def smoothed_target(vocab_size, label_smoothing):
+    """The smoothed target distribution q (paper section 5.4) as
+    `(q on the reference token, q on each other token, entropy of q)`:
+    `1 - eps`, `eps / (V - 1)` (so q sums to 1) and `-sum_v q_v log q_v`,
+    the loss's minimum, subtracted so that the loss is KL(q || model).
+    `vocab_size` may be a scalar tensor (shapes unknown at trace time)."""
+    eps = label_smoothing
+    if not eps:
+        return 1.0, 0.0, 0.0
+    low = eps / ops.cast(vocab_size - 1, "float32")
+    return 1.0 - eps, low, -((1.0 - eps) * math.log(1.0 - eps) + eps * ops.log(low))
 
 
 def real_token_weights(y_true, pad_id, sample_weight=None):

@@ -44,6 +44,16 @@ BEAM_SIZE_SPEC = tf.TensorSpec([], tf.int32, name="beam_size")
 ALPHA_SPEC = tf.TensorSpec([], tf.float32, name="alpha")
 EXTRA_LENGTH_SPEC = tf.TensorSpec([], tf.int32, name="extra_length")
 
+# XLA search: source lengths are padded up to a multiple of this, so a
+# server compiles a handful of shapes (each on its first request of that
+# shape, then reused for the life of the process).
+SOURCE_LENGTH_BUCKET = 8
+# The same for `Translator.translate(..., jit_compile=True)` (a test set,
+# translated once): there compiling is most of the time, so fewer, coarser
+# buckets pay. The demo's 500 test sentences: 15.2 vs 25.5 s with the
+# compiles, 1.3 vs 1.5 s after them (README, "What was tried").
+TEST_SET_LENGTH_BUCKET = 16
+
 
 class _Unchecked:
     """Holds an object out of sight of `tf.Module` tracking, so the Keras
@@ -276,20 +286,20 @@ class Translator(tf.Module):
                 jit_compile=True)
         return searches[key]
 
-    def _translate_tokens_static(self, tokens, search, batch_size=None, length_bucket=None):
+    def _translate_tokens_static(self, tokens, search, batch_size=None,
+                                 length_bucket=SOURCE_LENGTH_BUCKET):
         """`_translate_tokens` with the XLA `search` on bucketed shapes: pad
         to `[rows, length]` buckets -> search -> unpad. `rows` is
         `batch_size`, or with None `_row_bucket` of the batch; `length` a
-        multiple of `length_bucket` (default `SOURCE_LENGTH_BUCKET`), at most
-        the model's `max_length`. Works eagerly and in a graph. (Tokenizing
-        stays outside XLA: tf-text ops do not compile.)"""
+        multiple of `length_bucket`, at most the model's `max_length`. Works
+        eagerly and in a graph. (Tokenizing stays outside XLA: tf-text ops do
+        not compile.)"""
         config = self.config
-        step = SOURCE_LENGTH_BUCKET if length_bucket is None else length_bucket
         source_ids, lengths, is_empty = self._source_ids(tokens)
         shape = tf.shape(source_ids)
         rows, length = shape[0], shape[1]
-        bucket = -(-length // step) * step
-        bucket = tf.minimum(tf.maximum(bucket, step), config.max_length)
+        bucket = -(-length // length_bucket) * length_bucket
+        bucket = tf.minimum(tf.maximum(bucket, length_bucket), config.max_length)
         source_ids = tf.pad(source_ids, [[0, 0], [0, bucket - length]],
                             constant_values=config.pad_id)
         # Filler rows repeat real ones, so they finish when the batch does
@@ -310,17 +320,6 @@ def _row_bucket(rows):
     powers = tf.constant([1, 2, 4, 8, 16, 32, 64], tf.int32)
     small = tf.reduce_min(tf.where(powers >= rows, powers, 64))
     return tf.where(rows <= 64, small, -(-rows // 64) * 64)
-
-
-# XLA search: source lengths are padded up to a multiple of this, so a
-# server compiles a handful of shapes (each on its first request of that
-# shape, then reused for the life of the process).
-SOURCE_LENGTH_BUCKET = 8
-# The same for `Translator.translate(..., jit_compile=True)` (a test set,
-# translated once): there compiling is most of the time, so fewer, coarser
-# buckets pay. The demo's 500 test sentences: 15.2 vs 25.5 s with the
-# compiles, 1.3 vs 1.5 s after them (README, "What was tried").
-TEST_SET_LENGTH_BUCKET = 16
 
 
 def translate_in_batches(run, sentences, batch_size=32):
