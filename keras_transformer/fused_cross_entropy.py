@@ -18,8 +18,8 @@ form: for a target distribution `q` (`1 - eps` on the reference token,
 `eps / (V - 1)` elsewhere, summing to 1), the gradient of
 `-sum_v q_v log softmax(x)_v` is `softmax(x) - q`.
 Forward and backward of the bench loss: 13.0 vs 22.0 ms in float32; the
-bench training step 1.021x faster in float32 and in mixed bfloat16 (README,
-"What was tried").
+bench training step 1.021x faster in float32 and in mixed bfloat16
+(benchmarks/README.md, "What was tried").
 
 TensorFlow only, and only training runs it: exported serving signatures
 stay XLA-free for a stock TF Serving binary.

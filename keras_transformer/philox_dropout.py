@@ -17,8 +17,8 @@ connection, `LayerNorm(x + Dropout(Sublayer(x)))`, sections 3.1 and 5.4)
 are one cluster forward and one backward. In the bench training step (17
 dropouts, 15 of them in a sub-layer connection) the dropout with the add
 made the step 1.053x faster in mixed bfloat16 and 1.015x in float32, and
-the norm in the same cluster another 1.041x and 1.022x (README, "What was
-tried").
+the norm in the same cluster another 1.041x and 1.022x
+(benchmarks/README.md, "What was tried").
 
 TensorFlow only (`tf.function(jit_compile=True)`); only training runs it,
 so exported serving signatures stay XLA-free.

@@ -100,7 +100,7 @@ def cache_phases(max_length, first=FIRST_CACHE_PHASE):
     per phase), step `t` costs about `max(t, first)` to `1.5 t`. Growing by
     half rather than doubling: beam search +3.7% at the bench's input + 10,
     +2.8% at input + 50; more loops to compile at long limits (a one-off
-    cost per shape: ~20% longer at input + 50; README, "What was tried"). A
+    cost per shape: ~20% longer at input + 50; benchmarks/README.md). A
     `max_length` known only at run time (a tensor) gives one phase.
     """
     if not isinstance(max_length, int):

@@ -51,7 +51,7 @@ SOURCE_LENGTH_BUCKET = 8
 # The same for `Translator.translate(..., jit_compile=True)` (a test set,
 # translated once): there compiling is most of the time, so fewer, coarser
 # buckets pay. The demo's 500 test sentences: 15.2 vs 25.5 s with the
-# compiles, 1.3 vs 1.5 s after them (README, "What was tried").
+# compiles, 1.3 vs 1.5 s after them (benchmarks/README.md, "What was tried").
 TEST_SET_LENGTH_BUCKET = 16
 
 

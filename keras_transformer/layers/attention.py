@@ -182,7 +182,7 @@ class MultiHeadAttention(keras.layers.Layer):
         # measured. On TensorFlow it is two einsums around a softmax, slower
         # on CPU than these batched matmuls; on JAX/GPU it was level in
         # training and 1.09-1.53x slower in bfloat16 beam search, where cuDNN
-        # also rejects the broadcast padding mask (README, Benchmarks: GPU).
+        # also rejects the broadcast padding mask (benchmarks/README.md, GPU details).
         out, weights = scaled_dot_product_attention(
             q_heads, k_heads, v_heads, mask,
             dropout=self.attention_dropout if self.dropout else None,
