@@ -1,0 +1,87 @@
+"""The position-wise linear map (`layers/dense.py`, sections 3.2 and 3.3)
+in float32 training on TensorFlow, with its gradient written out so that the
+gradient for the inputs multiplies by a transposed copy of the kernel.
+
+For `y = x W + b` (`x`: `(rows, d_in)`, `W`: `(d_in, d_out)`), TensorFlow's
+gradient computes `dx = dy W^T` as one matmul with `transpose_b=True`, and
+Grappler folds any explicit `tf.transpose` of `W` back into that flag. On
+this CPU oneDNN's float32 kernel for that form is slow when `W` is at least
+as wide as it is tall: `dy (2,048 x 1,024) W^T` for the bench feed-forward
+network's `W (256 x 1,024)` ran at 320 GFLOP/s, against 455 with `W^T`
+already in memory (the output projection's `(256 x 8,192)` shape: 327 vs
+470). Transposing the kernel, 1 MB there, costs far less. The copy is made
+on the kernel's bits as integers (`tf.bitcast`), which Grappler does not
+fold into the matmul. The bench training step in float32 was 1.03x faster
+(benchmarks/README.md, "What was tried"). In bfloat16 the transposed form
+is not slower, and a copy made no difference, so this applies to float32
+only; `layers/dense.py` decides.
+
+TensorFlow only. The forward pass is the same ops as `keras.layers.Dense`
+(`MatMul`, `BiasAdd`, `Relu`, which Grappler fuses into one oneDNN kernel),
+so its values are the same; the gradients are the same matmuls in another
+layout.
+"""
+
+import tensorflow as tf
+
+_SAME_WIDTH_INT = {tf.float32: tf.int32, tf.bfloat16: tf.int16, tf.float16: tf.int16,
+                   tf.float64: tf.int64}
+
+
+def transposed(kernel):
+    """`kernel^T` for a 2-D kernel, as a copy in memory: transposed as
+    integers of the same width, so Grappler cannot turn the copy into a
+    `transpose_b` flag of the matmul that consumes it."""
+    as_int = _SAME_WIDTH_INT[kernel.dtype]
+    return tf.bitcast(tf.transpose(tf.bitcast(kernel, as_int)), kernel.dtype)
+
+
+def dense(x, kernel, bias=None, relu=False):
+    """`x kernel + bias`, then ReLU when `relu`; gradient written out.
+
+    Args:
+        x: `(rows, d_in)`.
+        kernel: `(d_in, d_out)`, same dtype as `x`.
+        bias: `(d_out,)` or None.
+        relu: whether ReLU follows (the feed-forward network's inner layer).
+
+    Returns: `(rows, d_out)`. Gradients for `x`, `kernel` and `bias`.
+    """
+    # Variables are read here, outside the custom gradient, so that the
+    # tape takes them as inputs of it (TensorFlow requires that, or a
+    # `variables` argument).
+    x, kernel = tf.convert_to_tensor(x), tf.convert_to_tensor(kernel)
+    bias = None if bias is None else tf.convert_to_tensor(bias)
+
+    def forward(x, kernel, bias):
+        y = tf.matmul(x, kernel)
+        if bias is not None:
+            y = tf.nn.bias_add(y, bias)
+        return tf.nn.relu(y) if relu else y
+
+    def backward(upstream, x, kernel, y):
+        if relu:
+            upstream = tf.raw_ops.ReluGrad(gradients=upstream, features=y)
+        dx = tf.matmul(upstream, transposed(kernel))
+        dkernel = tf.matmul(x, upstream, transpose_a=True)
+        return dx, dkernel, upstream
+
+    if bias is None:
+        @tf.custom_gradient
+        def linear(x, kernel):
+            y = forward(x, kernel, None)
+            return y, lambda upstream: backward(upstream, x, kernel, y)[:2]
+
+        return linear(x, kernel)
+
+    @tf.custom_gradient
+    def affine(x, kernel, bias):
+        y = forward(x, kernel, bias)
+
+        def grad(upstream):
+            dx, dkernel, dy = backward(upstream, x, kernel, y)
+            return dx, dkernel, tf.raw_ops.BiasAddGrad(out_backprop=dy)
+
+        return y, grad
+
+    return affine(x, kernel, bias)
