@@ -11,10 +11,10 @@ network's `W (256 x 1,024)` ran at 320 GFLOP/s, against 455 with `W^T`
 already in memory (the output projection's `(256 x 8,192)` shape: 327 vs
 470). Transposing the kernel, 1 MB there, costs far less. The copy is made
 on the kernel's bits as integers (`tf.bitcast`), which Grappler does not
-fold into the matmul. The bench training step in float32 was 1.03x faster
-(benchmarks/README.md, "What was tried"). In bfloat16 the transposed form
-is not slower, and a copy made no difference, so this applies to float32
-only; `layers/dense.py` decides.
+fold into the matmul. The bench training step in float32 was 1.02-1.03x
+faster (benchmarks/README.md, "What was tried"). In bfloat16 the transposed
+form is not slow (the copy made the same matmul slightly slower, 1.60 vs
+1.53 ms), so this applies to float32 only; `layers/dense.py` decides.
 
 TensorFlow only. The forward pass is the same ops as `keras.layers.Dense`
 (`MatMul`, `BiasAdd`, `Relu`, which Grappler fuses into one oneDNN kernel),

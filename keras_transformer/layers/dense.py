@@ -14,7 +14,7 @@ In float32 training on TensorFlow, layers at least as wide as their input
 untied output projection) run through `keras_transformer/dense_gradient.py`
 instead: the same forward ops, with a gradient that multiplies by a
 transposed copy of the kernel, which oneDNN runs faster here (the bench
-step 1.03x).
+step 1.02-1.03x).
 """
 
 import keras
