@@ -43,8 +43,8 @@ def dense(x, kernel, bias=None, relu=False):
 
     Args:
         x: `(rows, d_in)`.
-        kernel: `(d_in, d_out)`, same dtype as `x`.
-        bias: `(d_out,)` or None.
+        kernel: `(d_in, d_out)`, same dtype as `x`; a tensor or a variable.
+        bias: `(d_out,)`, a tensor or a variable, or None.
         relu: whether ReLU follows (the feed-forward network's inner layer).
 
     Returns: `(rows, d_out)`. Gradients for `x`, `kernel` and `bias`.

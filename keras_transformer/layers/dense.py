@@ -41,10 +41,8 @@ class Dense(keras.layers.Dense):
             return super().call(inputs, training=training)
         from keras_transformer import dense_gradient  # TensorFlow only
 
-        return dense_gradient.dense(
-            inputs, ops.convert_to_tensor(self.kernel),
-            None if self.bias is None else ops.convert_to_tensor(self.bias),
-            relu=self.activation is keras.activations.relu)
+        return dense_gradient.dense(inputs, self.kernel, self.bias,
+                                    relu=self.activation is keras.activations.relu)
 
     def _written_out_gradient(self, inputs):
         """Whether training takes `dense_gradient.dense`: TensorFlow, float32,
