@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Multi30k English->German recipe (README, "Recipes"): train the `small`
-# model for a wall-time budget, average the last 5 checkpoints, translate
-# test_2016_flickr with beam 4 / alpha 0.6 and score it with sacreBLEU.
+# model for a wall-time budget, average the last 5 checkpoints (all of them
+# if fewer were kept), translate test_2016_flickr with beam 4 / alpha 0.6 and
+# score it with sacreBLEU.
 #
 #   bash scripts/multi30k.sh                      # 30 minutes of training
 #   MINUTES=120 RUN_DIR=runs/m30k-2h bash scripts/multi30k.sh
@@ -30,7 +31,12 @@ python training/train.py --run-dir "$RUN_DIR" --data "text:$DATA" --src-lang en 
     --checkpoint-every 100 --keep-checkpoints 5 --steps-per-epoch 200 \
     --bleu-sentences 0 --cache-tokenized --verbose 2 "$@"
 trained=$(date +%s)
-python training/average_checkpoints.py --run-dir "$RUN_DIR" --num 5
+# The last 5 checkpoints, or all of them when a slow machine or a short
+# budget kept fewer (one is always saved when training stops).
+kept=$(find "$RUN_DIR/checkpoints" -maxdepth 1 -name 'ckpt-*.index' | wc -l)
+num=$(( kept < 5 ? kept : 5 ))
+echo "Averaging the last $num of $kept kept checkpoints."
+python training/average_checkpoints.py --run-dir "$RUN_DIR" --num "$num"
 averaged=$(date +%s)
 python training/evaluate.py --run-dir "$RUN_DIR" --beam-size 4 --alpha 0.6 --extra-length 50 \
     --source "$SOURCE" --reference "$REFERENCE" --hypotheses "$RUN_DIR/test_2016_flickr.hyp.de"

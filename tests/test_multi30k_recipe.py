@@ -34,6 +34,11 @@ def test_the_recipe_runs_on_a_time_budget(tmp_path):
     step = int(stopped.group(1))
     assert f"Training finished at step {step};" in out.stdout
     assert (run / "checkpoints" / f"ckpt-{step}.index").exists()  # saved at the stop
+    # However many checkpoints this machine's speed left (every 3 steps and
+    # at the stop, 5 kept), the newest of them, up to 5, are averaged.
+    kept = [f for f in os.listdir(run / "checkpoints") if f.endswith(".index")]
+    assert f"Averaging the last {min(5, len(kept))} of {len(kept)} kept checkpoints." \
+        in out.stdout
     assert os.listdir(run / "averaged")
     assert "BLEU|nrefs:1|case:mixed|eff:no|tok:13a" in out.stdout
     assert len((run / "test_2016_flickr.hyp.de").read_text().splitlines()) == 6

@@ -2,6 +2,7 @@
 
 import json
 import os
+import warnings
 
 import keras
 import tensorflow as tf
@@ -79,9 +80,60 @@ def worker_id(strategy):
     return resolver.task_id
 
 
+# CPU flags (as /proc/cpuinfo spells them) of the bfloat16 matmul
+# instructions oneDNN uses: AVX512-BF16 (AMD Zen 4 and later, Intel Cooper
+# Lake) and AMX (Intel Sapphire Rapids and later).
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def native_bfloat16(cpuinfo="/proc/cpuinfo"):
+    """Whether this host multiplies bfloat16 matrices in hardware: every
+    visible GPU has compute capability 8.0 (Ampere) or later, or, with no GPU,
+    the CPU has one of `BF16_CPU_FLAGS`. None when it cannot tell (no GPU
+    details, or no readable `cpuinfo`, e.g. not on Linux).
+
+    Elsewhere bfloat16 matmuls are converted to float32 and back: on a 2-core
+    AVX2 AMD EPYC, the bench training step in `mixed_bfloat16` ran at 0.97x
+    Model Garden's float32, against 1.14x for ours in float32
+    (benchmarks/README.md, "A CPU without AVX-512").
+    """
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        capabilities = [tf.config.experimental.get_device_details(gpu).get("compute_capability")
+                        for gpu in gpus]
+        if any(c is None for c in capabilities):
+            return None
+        return all(tuple(c) >= (8, 0) for c in capabilities)
+    try:
+        with open(cpuinfo) as f:
+            text = f.read()
+    except OSError:
+        return None
+    flags = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            flags.update(value.split())
+    if not flags:
+        return None
+    return any(flag in flags for flag in BF16_CPU_FLAGS)
+
+
 def set_precision(precision):
     """Sets the global Keras dtype policy (`float32`, `mixed_bfloat16`,
-    `mixed_float16`); call before building the model."""
+    `mixed_float16`); call before building the model.
+
+    `mixed_bfloat16` on a host without bfloat16 hardware (`native_bfloat16()`
+    is False) is allowed but warns: it is slower than float32 there.
+    """
     if precision not in PRECISIONS:
         raise ValueError(f"Unknown precision {precision!r}; expected one of {PRECISIONS}.")
+    if precision == "mixed_bfloat16":
+        if native_bfloat16() is False:
+            warnings.warn(
+                "mixed_bfloat16 on a host without bfloat16 matmul hardware (no GPU of "
+                f"compute capability 8.0 or later, no CPU flag among {BF16_CPU_FLAGS}): "
+                "bfloat16 matmuls run converted to float32, so training is slower than in "
+                "float32 (benchmarks/README.md, \"A CPU without AVX-512\"). "
+                "Use --precision float32 here.", stacklevel=2)
     keras.config.set_dtype_policy(precision)
