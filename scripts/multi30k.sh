@@ -33,10 +33,7 @@ python training/train.py --run-dir "$RUN_DIR" --data "text:$DATA" --src-lang en 
 trained=$(date +%s)
 # The last 5 checkpoints, or all of them when a slow machine or a short
 # budget kept fewer (one is always saved when training stops).
-kept=$(find "$RUN_DIR/checkpoints" -maxdepth 1 -name 'ckpt-*.index' | wc -l)
-num=$(( kept < 5 ? kept : 5 ))
-echo "Averaging the last $num of $kept kept checkpoints."
-python training/average_checkpoints.py --run-dir "$RUN_DIR" --num "$num"
+python training/average_checkpoints.py --run-dir "$RUN_DIR" --num 5 --allow-fewer
 averaged=$(date +%s)
 python training/evaluate.py --run-dir "$RUN_DIR" --beam-size 4 --alpha 0.6 --extra-length 50 \
     --source "$SOURCE" --reference "$REFERENCE" --hypotheses "$RUN_DIR/test_2016_flickr.hyp.de"

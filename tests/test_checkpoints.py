@@ -102,3 +102,7 @@ def test_averaged_checkpoint_is_the_elementwise_mean(tmp_path, tiny_config):
     assert any(k.startswith("model/") for k in reader.get_variable_to_shape_map())
     with pytest.raises(ValueError, match="keeps only 4"):
         average_checkpoints(run.path, 5)
+    # Unless told to take what there is: all four, newest last.
+    output, inputs = average_checkpoints(run.path, 5, allow_fewer=True)
+    assert [p.rsplit("/", 1)[1] for p in inputs] == ["ckpt-1", "ckpt-2", "ckpt-3", "ckpt-4"]
+    assert output.endswith("averaged/ckpt-4")

@@ -36,9 +36,9 @@ def test_the_recipe_runs_on_a_time_budget(tmp_path):
     assert (run / "checkpoints" / f"ckpt-{step}.index").exists()  # saved at the stop
     # However many checkpoints this machine's speed left (every 3 steps and
     # at the stop, 5 kept), the newest of them, up to 5, are averaged.
-    kept = [f for f in os.listdir(run / "checkpoints") if f.endswith(".index")]
-    assert f"Averaging the last {min(5, len(kept))} of {len(kept)} kept checkpoints." \
-        in out.stdout
+    kept = sorted((f[:-len(".index")] for f in os.listdir(run / "checkpoints")
+                   if f.endswith(".index")), key=lambda name: int(name.split("-")[1]))
+    assert f"Averaged {min(5, len(kept))} checkpoints ({', '.join(kept[-5:])})" in out.stdout
     assert os.listdir(run / "averaged")
     assert "BLEU|nrefs:1|case:mixed|eff:no|tok:13a" in out.stdout
     assert len((run / "test_2016_flickr.hyp.de").read_text().splitlines()) == 6

@@ -16,11 +16,15 @@ def main(argv=None):
     p.add_argument("--num", type=int, default=5, help="how many of the newest checkpoints")
     p.add_argument("--checkpoints", nargs="*", default=None,
                    help="explicit checkpoint prefixes instead of the newest --num")
+    p.add_argument("--allow-fewer", action="store_true",
+                   help="average all kept checkpoints when there are fewer than --num "
+                        "(default: an error)")
     args = p.parse_args(argv)
     from keras_transformer.training.checkpoints import average_checkpoints
 
     try:
-        output, inputs = average_checkpoints(args.run_dir, args.num, args.checkpoints)
+        output, inputs = average_checkpoints(args.run_dir, args.num, args.checkpoints,
+                                             allow_fewer=args.allow_fewer)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

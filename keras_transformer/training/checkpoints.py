@@ -114,7 +114,7 @@ class StepCheckpoint(keras.callbacks.Callback):
         self._save()
 
 
-def average_checkpoints(run_dir, num_checkpoints, checkpoints=None):
+def average_checkpoints(run_dir, num_checkpoints, checkpoints=None, allow_fewer=False):
     """Averages the weights of the last `num_checkpoints` checkpoints of a
     run (paper 6.1: the last 5 for base, 20 for big) and writes the result to
     `run_dir/averaged/ckpt-<last step>` (model only, no optimizer).
@@ -123,6 +123,9 @@ def average_checkpoints(run_dir, num_checkpoints, checkpoints=None):
         run_dir: a run directory (path or `RunDirectory`).
         num_checkpoints: how many of the newest checkpoints to average.
         checkpoints: explicit checkpoint prefixes instead (newest last).
+        allow_fewer: when the run keeps fewer than `num_checkpoints`, average
+            all it keeps instead of raising (a wall-time budget on a slow
+            machine may save fewer than planned).
 
     Returns: `(output prefix, averaged prefixes)`. Floating-point weights are
     averaged in float64 and cast back; integer variables (e.g. dropout seed
@@ -138,7 +141,9 @@ def average_checkpoints(run_dir, num_checkpoints, checkpoints=None):
             raise FileNotFoundError(f"No checkpoints in {run.checkpoint_dir} to average.")
         if num_checkpoints < 1:
             raise ValueError(f"`num_checkpoints` must be >= 1, received {num_checkpoints}.")
-        if num_checkpoints > len(available):
+        if num_checkpoints > len(available) and allow_fewer:
+            num_checkpoints = len(available)
+        elif num_checkpoints > len(available):
             raise ValueError(
                 f"Asked to average {num_checkpoints} checkpoints but {run.checkpoint_dir} "
                 f"keeps only {len(available)}: {[os.path.basename(p) for p in available]}. "

@@ -128,12 +128,11 @@ def set_precision(precision):
     """
     if precision not in PRECISIONS:
         raise ValueError(f"Unknown precision {precision!r}; expected one of {PRECISIONS}.")
-    if precision == "mixed_bfloat16":
-        if native_bfloat16() is False:
-            warnings.warn(
-                "mixed_bfloat16 on a host without bfloat16 matmul hardware (no GPU of "
-                f"compute capability 8.0 or later, no CPU flag among {BF16_CPU_FLAGS}): "
-                "bfloat16 matmuls run converted to float32, so training is slower than in "
-                "float32 (benchmarks/README.md, \"A CPU without AVX-512\"). "
-                "Use --precision float32 here.", stacklevel=2)
+    if precision == "mixed_bfloat16" and native_bfloat16() is False:
+        warnings.warn(
+            "mixed_bfloat16 on a host without bfloat16 matmul hardware (no GPU of "
+            f"compute capability 8.0 or later, no CPU flag among {BF16_CPU_FLAGS}): "
+            "bfloat16 matmuls run converted to float32, so training is slower than in "
+            "float32 (benchmarks/README.md, \"A CPU without AVX-512\"). "
+            "Use --precision float32 here.", stacklevel=2)
     keras.config.set_dtype_policy(precision)
