@@ -363,6 +363,9 @@ def main(argv=None):
     parser.add_argument("--train-steps", type=int, default=10, help="timed steps per round")
     parser.add_argument("--translate-repeats", type=int, default=2)
     parser.add_argument("--latency-requests", type=int, default=100)
+    parser.add_argument("--peak-size", type=int, default=2048,
+                        help="square matmul size for the measured peak (smaller: a "
+                             "quicker, lower peak; the tests use 256)")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--only", help=argparse.SUPPRESS)
     parser.add_argument("--report-peak-memory", action="store_true", help=argparse.SUPPRESS)
@@ -399,7 +402,9 @@ def main(argv=None):
               "argv": sys.argv[1:]}
     if "train" in what:
         dtypes = sorted({peak_dtype(impl.precision) for impl in impls})
-        report["matmul_peak_gflops"] = {d: matmul_peak(tf.as_dtype(d)) for d in dtypes}
+        report["matmul_peak_gflops"] = {d: matmul_peak(tf.as_dtype(d), args.peak_size)
+                                        for d in dtypes}
+        report["matmul_peak_size"] = args.peak_size
         report["train"], times = bench_train(impls, config, args, report["matmul_peak_gflops"])
         _ratio(report, "train", times)
     if "translate" in what:
@@ -430,7 +435,8 @@ def _print(report):
     print(f"\nconfig={report['config']} precision: {precision}; xla={report['xla']} "
           f"date={report['date']}")
     if "train" in report:
-        print(f"matmul peak: {report['matmul_peak_gflops']}")
+        print(f"matmul peak ({report['matmul_peak_size']}^2 chain, GFLOP/s): "
+              f"{report['matmul_peak_gflops']}")
         for name, r in report["train"].items():
             if name.startswith("speedup"):
                 print(f"  train speedup {name[11:]}: {r['median']:.2f}x "

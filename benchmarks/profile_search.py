@@ -3,6 +3,7 @@
 
     python benchmarks/profile_search.py                   # the bench batch
     python benchmarks/profile_search.py --config base --extra-length 50
+    python benchmarks/profile_search.py --batch 1 --source-length 24   # a latency request
 
 Translates the bench translation batch (32 sentences of 20 tokens, beam 4,
 alpha 0.6, untrained weights: every beam runs to full length) `--searches`
@@ -62,11 +63,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="bench", help="'bench' or a preset name")
     parser.add_argument("--extra-length", type=int, default=TRANSLATE_SHAPE["extra_length"])
+    parser.add_argument("--batch", type=int, default=TRANSLATE_SHAPE["batch"],
+                        help="sentences per search (1: the shape of a latency request)")
+    parser.add_argument("--source-length", type=int, default=TRANSLATE_SHAPE["source_length"])
     parser.add_argument("--searches", type=int, default=3)
     parser.add_argument("--top", type=int, default=25, help="thunk kinds to print")
     args = parser.parse_args(argv)
 
-    shape = TRANSLATE_SHAPE
+    shape = dict(TRANSLATE_SHAPE, batch=args.batch, source_length=args.source_length)
     config = make_config(args.config)
     # The search `benchmark.py --what translate` times (float32, XLA), on its batch.
     translate = Ours(config, "float32", "auto").translator(

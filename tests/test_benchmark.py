@@ -22,7 +22,8 @@ def test_benchmark_reports_throughput_utilisation_and_latency(tmp_path):
     out = tmp_path / "report.json"
     result = run("--config", "tiny", "--precision", "mixed_bfloat16",
                  "--what", "train,translate,latency", "--rounds", "1", "--train-steps", "1",
-                 "--translate-repeats", "1", "--latency-requests", "5", "--json", str(out))
+                 "--translate-repeats", "1", "--latency-requests", "5", "--peak-size", "256",
+                 "--json", str(out))
     report = json.loads(out.read_text())
     assert report["precision"] == {"keras_transformer": "mixed_bfloat16"}
     train = report["train"]["keras_transformer"]

@@ -96,6 +96,9 @@ for name, signature in graph.signature_def.items():
         for node in library[function].node_def:
             stack.extend(callees(node))
     out["reaches_xla"][name] = bool(seen & must_compile)
+# Custom gradients of the forward pass are left out (nothing differentiates
+# through a served model; tracing them is export time).
+out["gradient_functions"] = sorted(name for name in library if "grad_fn" in name)
 out["unregistered"] = sorted(op for op in ops if op_def_registry.get(op) is None)
 out["our_modules"] = sorted(m for m in sys.modules if m.startswith("keras_transformer"))
 print(json.dumps(out))
@@ -145,9 +148,14 @@ def exported(tmp_path_factory):
         "long_tokens": long_tokens,
         "ids_input": ids.tolist(),
     }
+    serving = (translator.serve, translator.serve_with_options, translator.serve_ids,
+               translator.serve_xla)
+    traced = [f.experimental_get_tracing_count() for f in serving]
     result["path"] = export_translator(
         translator, str(tmp_path_factory.mktemp("saved_models")), name="tiny"
     )
+    result["traces_at_export"] = [
+        f.experimental_get_tracing_count() - n for f, n in zip(serving, traced)]
     return result
 
 
@@ -268,6 +276,16 @@ def test_every_op_is_registered_by_tensorflow_or_tensorflow_text(fresh):
     forbidden = [op for op in fresh["ops"]
                  if op.startswith("Xla") or op in ("PyFunc", "EagerPyFunc", "PyFuncStateless")]
     assert forbidden == []
+
+
+def test_export_traces_each_serving_function_once(exported):
+    # Once, in the SavedModel's own tracing context: a concrete function traced
+    # before `tf.saved_model.save` would be traced there a second time.
+    assert exported["traces_at_export"] == [1, 1, 1, 1]
+
+
+def test_the_saved_model_carries_no_gradient_functions(fresh):
+    assert fresh["gradient_functions"] == []
 
 
 def test_each_variable_is_stored_once(exported):

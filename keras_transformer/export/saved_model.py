@@ -25,6 +25,11 @@ import tensorflow as tf
 from keras_transformer.export.translator import metadata_json, translate_in_batches
 
 METADATA_FILE = os.path.join("assets.extra", "translator.json")
+# The SavedModel serves translations; nothing differentiates through it. So the
+# custom gradients of the forward pass (`dense_gradient.py`, and the fused loss
+# and dropout, which inference does not run) are not traced into it: about a
+# third of the export time otherwise (benchmarks/README.md, "Export time").
+SAVE_OPTIONS = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
 
 
 def versions(model_dir):
@@ -64,7 +69,8 @@ def export_translator(translator, output_dir="saved_models", name="transformer",
         raise FileExistsError(f"{final} exists; versions are never overwritten.")
     tmp = tempfile.mkdtemp(dir=os.path.dirname(model_dir), prefix=f".tmp-{name}-{version}-")
     try:
-        tf.saved_model.save(translator, tmp, signatures=translator.signatures())
+        tf.saved_model.save(translator, tmp, signatures=translator.signatures(),
+                            options=SAVE_OPTIONS)
         os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
         with open(os.path.join(tmp, METADATA_FILE), "w", encoding="utf-8") as f:
             f.write(metadata_json(translator))

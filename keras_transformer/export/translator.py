@@ -193,38 +193,43 @@ class Translator(tf.Module):
             "score": score,
         }
 
-    @tf.function(input_signature=[TEXT_SPEC])
+    @tf.function(input_signature=[TEXT_SPEC], autograph=False)
     def serve(self, text):
         return self._translate_text(text, lambda tokens: self._translate_tokens(
             tokens, self.beam_size, self.alpha, self.extra_length))
 
-    @tf.function(input_signature=[TEXT_SPEC, BEAM_SIZE_SPEC, ALPHA_SPEC, EXTRA_LENGTH_SPEC])
+    @tf.function(input_signature=[TEXT_SPEC, BEAM_SIZE_SPEC, ALPHA_SPEC, EXTRA_LENGTH_SPEC],
+                 autograph=False)
     def serve_with_options(self, text, beam_size, alpha, extra_length):
         beam_size = _checked_beam_size(beam_size, self.config.output_vocab_size)
         extra_length = tf.maximum(extra_length, 0)
         return self._translate_text(text, lambda tokens: self._translate_tokens(
             tokens, beam_size, alpha, extra_length))
 
-    @tf.function(input_signature=[IDS_SPEC])
+    @tf.function(input_signature=[IDS_SPEC], autograph=False)
     def serve_ids(self, source_ids):
         tokens = tf.RaggedTensor.from_tensor(source_ids, padding=self.config.pad_id)
         ids, score = self._translate_tokens(tokens, self.beam_size, self.alpha,
                                             self.extra_length)
         return {"translation_ids": ids, "score": score}
 
-    @tf.function(input_signature=[TEXT_SPEC])
+    @tf.function(input_signature=[TEXT_SPEC], autograph=False)
     def serve_xla(self, text):
         search = self._xla_search(self.beam_size, self.alpha, self.extra_length)
         return self._translate_text(
             text, lambda tokens: self._translate_tokens_static(tokens, search))
 
     def signatures(self):
-        """The SavedModel signatures: name -> concrete function."""
+        """The SavedModel signatures: name -> `tf.function` (each has its
+        input signature). Functions, not concrete functions: `tf.saved_model.save`
+        traces under its own context, so a concrete function traced here
+        beforehand would be traced a second time there (twice the export
+        time; benchmarks/README.md, "Export time")."""
         return {
-            "serving_default": self.serve.get_concrete_function(),
-            "translate_with_options": self.serve_with_options.get_concrete_function(),
-            "translate_ids": self.serve_ids.get_concrete_function(),
-            "translate_xla": self.serve_xla.get_concrete_function(),
+            "serving_default": self.serve,
+            "translate_with_options": self.serve_with_options,
+            "translate_ids": self.serve_ids,
+            "translate_xla": self.serve_xla,
         }
 
     # In-process use --------------------------------------------------------
@@ -283,7 +288,7 @@ class Translator(tf.Module):
             searches[key] = tf.function(
                 lambda source_ids, lengths: beam_search_translate(
                     model, source_ids, beam_size, alpha, extra_length, lengths),
-                jit_compile=True)
+                jit_compile=True, autograph=False)
         return searches[key]
 
     def _translate_tokens_static(self, tokens, search, batch_size=None,
