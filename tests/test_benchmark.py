@@ -67,10 +67,11 @@ def test_jax_benchmark_parses_shapes_and_overrides():
 def test_search_profile_breaks_thunk_time_down_by_kind():
     script = os.path.join(ROOT, "benchmarks", "profile_search.py")
     result = subprocess.run([sys.executable, script, "--config", "tiny", "--searches", "1",
-                             "--top", "40"], capture_output=True, text=True, env=ENV, cwd=ROOT,
+                             "--top", "40", "--batch", "2", "--source-length", "6"],
+                            capture_output=True, text=True, env=ENV, cwd=ROOT,
                             timeout=600, check=True)
     lines = result.stdout.splitlines()
-    assert "ms per search unprofiled" in lines[0]
+    assert "2 sentences x 6 tokens" in lines[0] and "ms per search unprofiled" in lines[0]
     total = float(lines[1].split()[2])
     kinds = {line.split()[0]: float(line.split()[1]) for line in lines[2:]}
     assert total > 0 and any(k.startswith("MatMul") or k == "dot" for k in kinds)
