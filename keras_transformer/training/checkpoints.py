@@ -141,15 +141,13 @@ def average_checkpoints(run_dir, num_checkpoints, checkpoints=None, allow_fewer=
             raise FileNotFoundError(f"No checkpoints in {run.checkpoint_dir} to average.")
         if num_checkpoints < 1:
             raise ValueError(f"`num_checkpoints` must be >= 1, received {num_checkpoints}.")
-        if num_checkpoints > len(available) and allow_fewer:
-            num_checkpoints = len(available)
-        elif num_checkpoints > len(available):
+        if num_checkpoints > len(available) and not allow_fewer:
             raise ValueError(
                 f"Asked to average {num_checkpoints} checkpoints but {run.checkpoint_dir} "
                 f"keeps only {len(available)}: {[os.path.basename(p) for p in available]}. "
                 "Train with a larger --keep-checkpoints or average fewer."
             )
-        checkpoints = available[-num_checkpoints:]
+        checkpoints = available[-num_checkpoints:]  # all of them when fewer are kept
     checkpoints = [p if os.path.isabs(p) else os.path.join(run.checkpoint_dir, p)
                    for p in checkpoints]
     model = Transformer(run.load_config())
