@@ -7,6 +7,7 @@ import math
 import os
 import sys
 import time
+import warnings
 
 from keras_transformer.config import PRESETS
 from keras_transformer.training.strategy import PRECISIONS, STRATEGIES
@@ -312,15 +313,23 @@ def train(args, translate_fn_factory=None, extra_callbacks=()):
 
     initial_epoch = start_step // args.steps_per_epoch
     epochs = initial_epoch + math.ceil((args.train_steps - start_step) / args.steps_per_epoch)
-    model.fit(
-        train_ds,
-        validation_data=val_ds,
-        steps_per_epoch=args.steps_per_epoch * args.accumulation_steps,
-        initial_epoch=initial_epoch,
-        epochs=epochs,
-        callbacks=callbacks,
-        verbose=args.verbose if chief else 0,
-    )
+    with warnings.catch_warnings():
+        # The training data repeats forever (callbacks stop the run), so it
+        # cannot run out; the validation set has no known length, and Keras
+        # (3.15) warns "Your input ran out of data; interrupting training" when
+        # its first pass ends, which is how it learns that length. A false
+        # alarm, fixed upstream in keras-team/keras#23360.
+        warnings.filterwarnings("ignore", message="Your input ran out of data")
+        model.fit(
+            train_ds,
+            validation_data=val_ds,
+            steps_per_epoch=args.steps_per_epoch * args.accumulation_steps,
+            initial_epoch=initial_epoch,
+            epochs=epochs,
+            callbacks=callbacks,
+            verbose=args.verbose if chief else 0,
+            shuffle=False,  # the pipeline shuffles (--shuffle-buffer)
+        )
     counts = length_filter.counts()
     print(f"Training finished at step {optimizer_step(optimizer)}; weights sha256 "
           f"{weights_digest(model)}; training pairs dropped for length: {counts['dropped']} "
