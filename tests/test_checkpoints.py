@@ -48,7 +48,8 @@ def values(variables):
 def test_resume_restores_weights_slots_and_step_exactly(tmp_path, tiny_config):
     model, optimizer = compiled(tiny_config)
     writer = CheckpointWriter(model, optimizer, str(tmp_path), max_to_keep=2)
-    model.fit(dataset(5), epochs=1, verbose=0, callbacks=[StepCheckpoint(writer, every_steps=2)])
+    model.fit(dataset(5), epochs=1, verbose=0, shuffle=False,
+              callbacks=[StepCheckpoint(writer, every_steps=2)])
     # Every 2 steps and at the end; the last 2 kept.
     assert [p.rsplit("/", 1)[1] for p in writer.manager.checkpoints] == ["ckpt-4", "ckpt-5"]
 
@@ -62,14 +63,14 @@ def test_resume_restores_weights_slots_and_step_exactly(tmp_path, tiny_config):
     np.testing.assert_allclose(float(fresh_optimizer.learning_rate), float(schedule(5)), rtol=1e-6)
     # The next update is the same from the restored state (dropout off).
     for m in (model, fresh):
-        m.fit(dataset(1, first_seed=99), epochs=1, verbose=0)
+        m.fit(dataset(1, first_seed=99), epochs=1, verbose=0, shuffle=False)
     for a, b in zip(values(model.weights), values(fresh.weights)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
 def test_accumulation_counts_updates_and_schedule_per_update(tmp_path, tiny_config):
     model, optimizer = compiled(tiny_config, accumulation=2)
-    model.fit(dataset(6), epochs=1, verbose=0)
+    model.fit(dataset(6), epochs=1, verbose=0, shuffle=False)
     assert optimizer_step(optimizer) == 3
     schedule = kt.TransformerSchedule(tiny_config.d_model, 10)
     np.testing.assert_allclose(float(optimizer.learning_rate), float(schedule(3)), rtol=1e-6)
@@ -82,7 +83,7 @@ def test_averaged_checkpoint_is_the_elementwise_mean(tmp_path, tiny_config):
     writer = CheckpointWriter(model, optimizer, run.checkpoint_dir, max_to_keep=5)
     snapshots = []
     for step in range(4):
-        model.fit(dataset(1, first_seed=step), epochs=1, verbose=0)
+        model.fit(dataset(1, first_seed=step), epochs=1, verbose=0, shuffle=False)
         writer.save()
         snapshots.append(values(model.weights))
     output, inputs = average_checkpoints(run.path, 3)
