@@ -21,6 +21,33 @@ def test_scaled_dot_product_attention_matches_numpy():
     assert np.all(np.asarray(w)[~np.broadcast_to(mask, w.shape)] == 0)
 
 
+def test_a_single_key_gets_weight_one_without_a_softmax_warning():
+    # The first step of a decoding loop that re-runs the model on the growing
+    # target: self-attention over one key. Keras's softmax warns on a size-1
+    # axis; the weight is 1 (masked or not, since the mask value is finite),
+    # and a NaN logit still gives NaN.
+    import warnings
+
+    import keras_transformer as kt
+
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.normal(size=(2, 3, s, 4)).astype("float32") for s in (1, 1, 1))
+    for mask in (None, np.array([True, False]).reshape(2, 1, 1, 1)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            out, w = scaled_dot_product_attention(q, k, v, mask)
+        np.testing.assert_array_equal(w, np.ones((2, 3, 1, 1), "float32"))
+        np.testing.assert_allclose(out, v, atol=1e-6)
+    _, w = scaled_dot_product_attention(np.full_like(q, np.nan), k, v)
+    assert np.all(np.isnan(w))
+
+    model = kt.Transformer(kt.get_config("tiny", vocab_size=40))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        logits = model((np.ones((2, 5), "int32"), np.ones((2, 1), "int32")))
+    assert logits.shape == (2, 1, 40)
+
+
 def _copy_into_keras_mha(ours, d_model, heads):
     depth = d_model // heads
     theirs = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=depth)

@@ -46,7 +46,15 @@ def scaled_dot_product_attention(q, k, v, mask=None, dropout=None, training=None
     logits = ops.cast(logits, "float32")
     if mask is not None:
         logits = ops.where(ops.cast(mask, "bool"), logits, _MASK_VALUE)
-    weights = ops.softmax(logits, axis=-1)
+    if logits.shape[-1] == 1:
+        # One key (a one-token target's self-attention, e.g. the first step
+        # of a decoding loop that re-runs the model on the growing target):
+        # softmax over it is exp(l - l) = 1, NaN for NaN, as written here
+        # because Keras's softmax warns on a size-1 axis ("Did you mean to
+        # use a sigmoid instead?"), a classifier's mistake, not this.
+        weights = ops.exp(logits - logits)
+    else:
+        weights = ops.softmax(logits, axis=-1)
     dropped = weights if dropout is None else dropout(weights, training=training)
     output = ops.matmul(ops.cast(dropped, v.dtype), v)
     return output, weights
