@@ -28,7 +28,7 @@ def _value_and_grads(layer, x, upstream, training=True):
     x = tf.constant(x)
     with tf.GradientTape() as tape:
         tape.watch(x)
-        y = layer(x, training=training) if isinstance(layer, LayerNormalization) else layer(x)
+        y = layer(x, training=training)  # Keras's layer takes no `training`; dropped
         loss = tf.reduce_sum(tf.cast(y, tf.float32) * upstream)
     dx, dgamma, dbeta = tape.gradient(loss, [x, layer.gamma.value, layer.beta.value])
     return [np.asarray(tf.cast(t, tf.float32)) for t in (y, dx, dgamma, dbeta)]

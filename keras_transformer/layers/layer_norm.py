@@ -70,20 +70,25 @@ def layer_norm(x, gamma, beta, epsilon, written_out_gradient=True):
     `dgamma = sum(dy * x_hat)`, `dbeta = sum(dy)` over the leading axes.
     """
     dtype = x.dtype
+
+    def forward(x, gamma, beta):
+        """`(y, x_hat, inverse_std)`: the same ops on both paths."""
+        x_hat, inverse_std = normalize(ops.cast(x, "float32"), epsilon)
+        return ops.cast(x_hat * gamma + beta, dtype), x_hat, inverse_std
+
     if not written_out_gradient:
-        x_hat, _ = normalize(ops.cast(x, "float32"), epsilon)
-        return ops.cast(x_hat * gamma + beta, dtype)
+        return forward(x, gamma, beta)[0]
 
     @ops.custom_gradient
     def normalize_affine(x, gamma, beta):
-        x_hat, inverse_std = normalize(ops.cast(x, "float32"), epsilon)
+        y, x_hat, inverse_std = forward(x, gamma, beta)
 
         def grad(*args, upstream=None):
             dy = ops.cast(args[0] if upstream is None else upstream, "float32")
             dx = normalize_gradient(dy * gamma, x_hat, inverse_std)
             return (ops.cast(dx, dtype),) + affine_gradients(dy, x_hat)
 
-        return ops.cast(x_hat * gamma + beta, dtype), grad
+        return y, grad
 
     return normalize_affine(x, gamma, beta)
 
