@@ -17,9 +17,7 @@ class MaskedAccuracy(keras.metrics.Mean):
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         y_true = ops.cast(y_true, "int32")
-        correct = ops.cast(
-            ops.equal(ops.cast(ops.argmax(y_pred, axis=-1), "int32"), y_true), "float32"
-        )
+        correct = ops.cast(ops.equal(argmax_last_axis(y_pred), y_true), "float32")
         weights = ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
         if sample_weight is not None:
             sample_weight = ops.cast(sample_weight, "float32")
@@ -30,3 +28,31 @@ class MaskedAccuracy(keras.metrics.Mean):
 
     def get_config(self):
         return {**super().get_config(), "pad_id": self.pad_id}
+
+
+def argmax_last_axis(x):
+    """`ops.argmax(x, axis=-1)` as int32 (ties go to the lowest index),
+    without Keras's negative-zero rewrite on TensorFlow.
+
+    Keras's `ops.argmax` first replaces -0.0 by minus the smallest normal
+    float, so that -0.0 ranks below +0.0 on every backend
+    (jax-ml/jax#24280). JAX compiles the step whole, so XLA can fuse that
+    into the reduction; TensorFlow's
+    executor runs it as five more elementwise ops over the whole tensor
+    (equal, sign bit, and, select): for the bench's `(64, 32, 8192)` float32
+    logits 26-29 ms against 5 ms for `tf.argmax` alone, which made the
+    accuracy metric cost a float32 bench training step 2.4% on a 2-core
+    AVX2 host (benchmarks/README.md, "What was tried"). The two differ only
+    where a row's maximum is 0.0 held by both a -0.0 and a +0.0, which an
+    accuracy over logits can ignore.
+
+    Args:
+        x: `(..., n)` float.
+
+    Returns: `(...)` int32.
+    """
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.argmax(x, axis=-1, output_type=tf.int32)
+    return ops.cast(ops.argmax(x, axis=-1), "int32")

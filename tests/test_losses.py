@@ -46,6 +46,32 @@ def test_masked_accuracy_counts_real_tokens_only():
     assert float(metric.result()) == pytest.approx(2 / 4)
 
 
+
+def test_accuracy_argmax_matches_keras_and_breaks_ties_to_the_lowest_index():
+    from keras import ops
+
+    from keras_transformer.metrics import argmax_last_axis
+
+    rng = np.random.default_rng(0)
+    logits = rng.integers(-2, 3, size=(4, 5, 9)).astype("float32")  # many ties
+    expected = np.argmax(logits, axis=-1)  # NumPy: first maximum
+    assert np.array_equal(np.asarray(argmax_last_axis(logits)), expected)
+    assert np.array_equal(np.asarray(ops.argmax(logits, axis=-1)), expected)
+    assert np.asarray(argmax_last_axis(logits)).dtype == np.int32
+
+
+def test_on_tensorflow_the_accuracy_reads_the_logits_once():
+    # Keras's ops.argmax rewrites -0.0 first: five more passes over the
+    # logits in TensorFlow's executor (metrics.argmax_last_axis).
+    import tensorflow as tf
+
+    metric = MaskedAccuracy(pad_id=0)
+    graph = tf.function(metric.update_state).get_concrete_function(
+        tf.TensorSpec((2, 3), tf.int32), tf.TensorSpec((2, 3, 7), tf.float32)).graph
+    [logits] = [op.outputs[0] for op in graph.get_operations()
+                if op.type == "Placeholder" and op.outputs[0].shape.rank == 3]
+    assert [op.type for op in logits.consumers()] == ["ArgMax"]
+
 @pytest.mark.parametrize("eps", [0.1, 0.0])
 def test_on_tensorflow_the_fused_loss_has_the_values_and_gradients_of_the_plain_one(eps):
     # fused_cross_entropy.py: two XLA clusters and a written-out gradient
