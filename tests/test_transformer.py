@@ -88,6 +88,29 @@ def test_mixed_precision_keeps_logits_float32(policy, tiny_config):
     assert keras.backend.standardize_dtype(weights["encoder_self"][0].dtype) == "float32"
 
 
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_precision_casts_the_shared_embedding_table_once(policy, tiny_config):
+    # The lookups gather float32 rows and cast those (layers/embedding.py);
+    # Keras's autocast would cast the whole table at each of its three
+    # reads. Only the tied projection casts it.
+    import tensorflow as tf
+
+    keras.config.set_dtype_policy(policy)
+    model = kt.Transformer(tiny_config)
+    model.build()
+    embeddings = model.source_embedding.token_embedding.embeddings
+    graph = tf.function(lambda s, t: model((s, t))).get_concrete_function(
+        tf.TensorSpec((2, 6), tf.int32), tf.TensorSpec((2, 5), tf.int32)).graph
+    table_casts = [op.name for op in graph.get_operations()
+                   if op.type == "Cast" and op.outputs[0].shape == embeddings.shape]
+    assert len(table_casts) == 1, table_casts
+    # The same values as casting the table first (a cast is elementwise).
+    inputs = (random_ids((2, 6)), random_ids((2, 5)))
+    logits = np.asarray(model(inputs))
+    embeddings._autocast = True
+    np.testing.assert_array_equal(np.asarray(model(inputs)), logits)
+
 def test_parameter_counts_match_the_paper():
     counts = {}
     for name, paper in (("base", 65e6), ("big", 213e6)):

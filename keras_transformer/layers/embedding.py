@@ -48,6 +48,11 @@ class TokenEmbedding(keras.layers.Layer):
             name="embeddings",
             shape=(self.vocab_size, self.d_model),
             initializer=keras.initializers.RandomNormal(stddev=self.d_model**-0.5),
+            # Read as stored (float32) even under mixed precision: `call`
+            # casts only the rows it gathers and `logits` the table once.
+            # Keras's autocast would cast the whole table at each of the
+            # model's three reads (source, target, projection).
+            autocast=False,
         )
         self.built = True
 

@@ -84,6 +84,7 @@ class LearnedPositionEmbedding(keras.layers.Layer):
             name="embeddings",
             shape=(self.max_length, self.d_model),
             initializer=self.initializer,
+            autocast=False,  # cast the gathered rows, not the table (embedding.py)
         )
         self.built = True
 
