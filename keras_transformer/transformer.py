@@ -110,10 +110,10 @@ class Transformer(keras.Model):
             return memory, memory_mask, weights
         return out, memory_mask
 
-    def project(self, x):
+    def project(self, x, training=None):
         """Decoder output `(..., d_model)` -> float32 logits `(..., vocab)`."""
         if self.output_projection is None:
-            return self.target_embedding.token_embedding.logits(x)
+            return self.target_embedding.token_embedding.logits(x, training=training)
         return ops.cast(self.output_projection(x), "float32")
 
     def decode(self, target_input_ids, memory, memory_mask, training=None,
@@ -126,8 +126,8 @@ class Transformer(keras.Model):
                            return_attention_weights=return_attention_weights)
         if return_attention_weights:
             x, weights = out
-            return self.project(x), weights
-        return self.project(out)
+            return self.project(x, training=training), weights
+        return self.project(out, training=training)
 
     def call(self, inputs, training=None):
         source_ids, target_input_ids = _unpack_inputs(inputs)

@@ -111,6 +111,34 @@ def test_mixed_precision_casts_the_shared_embedding_table_once(policy, tiny_conf
     embeddings._autocast = True
     np.testing.assert_array_equal(np.asarray(model(inputs)), logits)
 
+
+def test_inference_projects_without_transposing_the_table(tiny_config):
+    # layers/embedding.py: outside training the tied projection is
+    # (E x^T)^T, since TensorFlow's CPU matmul with the table transposed is
+    # several times slower for a decoding step's few rows; training keeps
+    # x E^T. Same values either way, for decoding steps and whole sequences.
+    import tensorflow as tf
+
+    model = kt.Transformer(tiny_config)
+    model.build()
+    embedding = model.target_embedding.token_embedding
+    table = embedding.embeddings.shape
+    rng = np.random.default_rng(0)
+    for shape in ((3, tiny_config.d_model), (2, 5, tiny_config.d_model)):
+        x = rng.normal(size=shape).astype("float32")
+        np.testing.assert_allclose(np.asarray(embedding.logits(x)),
+                                   np.asarray(embedding.logits(x, training=True)),
+                                   rtol=1e-5, atol=1e-5)
+
+    def transposed_tables(training):
+        graph = tf.function(lambda x: embedding.logits(x, training=training)).get_concrete_function(
+            tf.TensorSpec((None, None, tiny_config.d_model), tf.float32)).graph
+        return [op.name for op in graph.get_operations()
+                if op.type == "Transpose" and op.inputs[0].shape == table]
+
+    assert transposed_tables(training=False) == []
+    assert len(transposed_tables(training=True)) == 1
+
 def test_parameter_counts_match_the_paper():
     counts = {}
     for name, paper in (("base", 65e6), ("big", 213e6)):
