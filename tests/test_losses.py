@@ -46,7 +46,6 @@ def test_masked_accuracy_counts_real_tokens_only():
     assert float(metric.result()) == pytest.approx(2 / 4)
 
 
-
 def test_accuracy_argmax_matches_keras_and_breaks_ties_to_the_lowest_index():
     from keras import ops
 
@@ -71,6 +70,7 @@ def test_on_tensorflow_the_accuracy_reads_the_logits_once():
     [logits] = [op.outputs[0] for op in graph.get_operations()
                 if op.type == "Placeholder" and op.outputs[0].shape.rank == 3]
     assert [op.type for op in logits.consumers()] == ["ArgMax"]
+
 
 @pytest.mark.parametrize("eps", [0.1, 0.0])
 def test_on_tensorflow_the_fused_loss_has_the_values_and_gradients_of_the_plain_one(eps):

@@ -88,7 +88,6 @@ def test_mixed_precision_keeps_logits_float32(policy, tiny_config):
     assert keras.backend.standardize_dtype(weights["encoder_self"][0].dtype) == "float32"
 
 
-
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
 def test_mixed_precision_casts_the_shared_embedding_table_once(policy, tiny_config):
     # The lookups gather float32 rows and cast those (layers/embedding.py);
@@ -138,6 +137,7 @@ def test_inference_projects_without_transposing_the_table(tiny_config):
 
     assert transposed_tables(training=False) == []
     assert len(transposed_tables(training=True)) == 1
+
 
 def test_parameter_counts_match_the_paper():
     counts = {}
