@@ -30,6 +30,9 @@ def test_benchmark_reports_throughput_utilisation_and_latency(tmp_path):
     assert train["target_tokens_per_s"] > 0
     assert 0 < train["fraction_of_matmul_peak"] < 2
     assert "bfloat16" in report["matmul_peak_gflops"]
+    # The peak is the best of two sizes: Eigen is slow at power-of-two ones.
+    assert report["matmul_peak_sizes"] == [256, 240]
+    assert "best of 256^2 and 240^2 chains" in result.stdout
     assert report["translate"]["keras_transformer"]["sentences_per_s"] > 0
     latency = report["latency"]
     for name in ("serving_default", "translate_xla"):

@@ -71,15 +71,35 @@ class TokenEmbedding(keras.layers.Layer):
         and few rows, which is every decoding step (8,192 x 256 table,
         without XLA: 4 rows 4.1 vs 1.0 ms, 128 rows 12.8 vs 4.6 ms; XLA
         compiles the two forms alike). Training keeps `x E^T`, the form
-        its gradients were measured in (benchmarks/README.md).
+        its gradients were measured in (benchmarks/README.md); where
+        TensorFlow multiplies with Eigen rather than oneDNN and the
+        vocabulary is a multiple of 2,048, in slices of the vocabulary
+        (`vocabulary_projection.py`: Eigen is ~2x slower on such rows).
         """
         kernel = ops.cast(self.embeddings, x.dtype)
+        if training and self._projection_in_slices(x):
+            from keras_transformer import vocabulary_projection  # TensorFlow only
+
+            shape = ops.shape(x)
+            rows = ops.reshape(x, (-1, shape[-1]))
+            logits = vocabulary_projection.logits(rows, kernel)
+            return ops.reshape(logits, tuple(shape[:-1]) + (self.vocab_size,))
         if training:
             return ops.cast(ops.matmul(x, ops.transpose(kernel)), "float32")
         shape = ops.shape(x)
         rows = ops.reshape(x, (-1, shape[-1]))
         logits = ops.transpose(ops.matmul(kernel, ops.transpose(rows)))
         return ops.cast(ops.reshape(logits, tuple(shape[:-1]) + (self.vocab_size,)), "float32")
+
+    def _projection_in_slices(self, x):
+        """Whether training takes `vocabulary_projection.logits`: TensorFlow
+        multiplying float32 with Eigen (no oneDNN), and a vocabulary whose
+        logits rows Eigen's matmul is slow for (a multiple of 2,048)."""
+        if keras.backend.backend() != "tensorflow" or keras.backend.standardize_dtype(x.dtype) != "float32":
+            return False
+        from keras_transformer import vocabulary_projection  # TensorFlow only
+
+        return vocabulary_projection.pays(self.vocab_size)
 
     def get_config(self):
         config = super().get_config()
