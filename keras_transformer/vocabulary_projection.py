@@ -7,23 +7,23 @@ the like) and with Eigen's tensor contraction everywhere else, e.g. on AMD
 Zen 3 or on Intel CPUs before Cascade Lake. Eigen's contraction runs at
 about half speed when the result's rows are a multiple of 2,048 floats
 long. Measured on a 2-core AMD EPYC (Zen 3, AVX2) host, `x (2,048 x 256)`
-times `E^T` for a vocabulary of V tokens (benchmarks/README.md, "What was
-tried"):
+times `E^T` for a vocabulary of V tokens (benchmarks/README.md, "The same
+host, a fifth session"):
 
     V        2,048  3,000  4,096  8,000  8,192  12,288  20,000  24,576  32,768
     GFLOP/s    103    176     91    174     90      90     171      89      65
 
 Slices of at most 1,024 rows of `E`, multiplied one by one and joined,
 ran at 154-164 GFLOP/s for each such V from 4,096 up (127 at 2,048), but
-cost 2-13% where V is not a multiple of 2,048, so they are used only
-where it is. The gradient for
-`E`, `(x^T dl)^T`, reads the logits' gradient `dl` with the same row
-length and is computed in the same slices; the gradient for `x`, `dl E`,
-does not suffer and stays one matmul. The bench training step (vocabulary
-8,192) was 1.10x faster there, with bit-identical losses and weights.
-Under oneDNN (TensorFlow's default on the AVX-512 host where the targets
-were set) whole matmuls are fast and the slices measured 0.98x, so they
-are not used.
+cost 2-13% where V is not a multiple of 2,048, so they are used only where
+it is. The gradient for `E`, `(x^T dl)^T`, reads the logits' gradient `dl`
+with the same row length and is computed in the same column slices; the
+gradient for `x`, `dl E`, does not suffer and stays one matmul. The bench
+training step (vocabulary 8,192) was 1.10x faster there, with bit-identical
+losses and weights. With oneDNN enabled (`TF_ENABLE_ONEDNN_OPTS=1`) on the
+same host whole matmuls are fast and the slices measured 0.98x, so they are
+not used under oneDNN (TensorFlow's default on the AVX-512 host where the
+targets were set).
 
 TensorFlow only; `layers/embedding.py` decides when to call it.
 """
