@@ -77,18 +77,17 @@ class TokenEmbedding(keras.layers.Layer):
         (`vocabulary_projection.py`: Eigen is ~2x slower on such rows).
         """
         kernel = ops.cast(self.embeddings, x.dtype)
-        if training and self._projection_in_slices(x):
-            from keras_transformer import vocabulary_projection  # TensorFlow only
-
-            shape = ops.shape(x)
-            rows = ops.reshape(x, (-1, shape[-1]))
-            logits = vocabulary_projection.logits(rows, kernel)
-            return ops.reshape(logits, tuple(shape[:-1]) + (self.vocab_size,))
-        if training:
+        in_slices = training and self._projection_in_slices(x)
+        if training and not in_slices:
             return ops.cast(ops.matmul(x, ops.transpose(kernel)), "float32")
         shape = ops.shape(x)
         rows = ops.reshape(x, (-1, shape[-1]))
-        logits = ops.transpose(ops.matmul(kernel, ops.transpose(rows)))
+        if in_slices:
+            from keras_transformer import vocabulary_projection  # TensorFlow only
+
+            logits = vocabulary_projection.logits(rows, kernel)
+        else:
+            logits = ops.transpose(ops.matmul(kernel, ops.transpose(rows)))
         return ops.cast(ops.reshape(logits, tuple(shape[:-1]) + (self.vocab_size,)), "float32")
 
     def _projection_in_slices(self, x):
