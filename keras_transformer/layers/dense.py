@@ -14,7 +14,10 @@ In float32 training on TensorFlow, layers at least as wide as their input
 untied output projection) run through `keras_transformer/dense_gradient.py`
 instead: the same forward ops, with a gradient that multiplies by a
 transposed copy of the kernel, which oneDNN runs faster here (the bench
-step 1.02-1.03x).
+step 1.02-1.03x). Where TensorFlow multiplies with Eigen, so do layers with
+2,048 or 4,096 inputs (the feed-forward network's outer layer in `base` and
+`big`): their input gradient's product is computed in slices
+(`eigen_slices.py`).
 """
 
 import keras
@@ -46,12 +49,19 @@ class Dense(keras.layers.Dense):
 
     def _written_out_gradient(self, inputs):
         """Whether training takes `dense_gradient.dense`: TensorFlow, float32,
-        a kernel at least as wide as tall, ReLU or no activation, and none
-        of Keras's LoRA or quantized variants."""
-        return (keras.backend.backend() == "tensorflow"
+        ReLU or no activation, none of Keras's LoRA or quantized variants,
+        and a kernel at least as wide as tall, or one with a side whose
+        products `eigen_slices.py` computes in slices here."""
+        if not (keras.backend.backend() == "tensorflow"
                 and self.compute_dtype == "float32"
                 and keras.backend.standardize_dtype(inputs.dtype) == "float32"
-                and self.units >= self.kernel.shape[0]
                 and self.activation in (keras.activations.relu, keras.activations.linear)
                 and not getattr(self, "lora_enabled", False)
-                and getattr(self, "quantization_mode", None) is None)
+                and getattr(self, "quantization_mode", None) is None):
+            return False
+        d_in = self.kernel.shape[0]
+        if self.units >= d_in:
+            return True
+        from keras_transformer import eigen_slices  # TensorFlow only
+
+        return eigen_slices.pays(d_in) or eigen_slices.pays(self.units)

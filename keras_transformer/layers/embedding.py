@@ -74,7 +74,8 @@ class TokenEmbedding(keras.layers.Layer):
         its gradients were measured in (benchmarks/README.md); where
         TensorFlow multiplies with Eigen rather than oneDNN and the
         vocabulary is a multiple of 2,048, in slices of the vocabulary
-        (`vocabulary_projection.py`: Eigen is ~2x slower on such rows).
+        (`vocabulary_projection.py`, `eigen_slices.py`: Eigen is ~2x
+        slower on such rows).
         """
         kernel = ops.cast(self.embeddings, x.dtype)
         in_slices = training and self._projection_in_slices(x)
@@ -92,13 +93,13 @@ class TokenEmbedding(keras.layers.Layer):
 
     def _projection_in_slices(self, x):
         """Whether training takes `vocabulary_projection.logits`: TensorFlow
-        multiplying float32 with Eigen (no oneDNN), and a vocabulary whose
-        logits rows Eigen's matmul is slow for (a multiple of 2,048)."""
+        multiplying float32 with Eigen (no oneDNN, no GPU), and a vocabulary
+        whose logits rows Eigen's matmul is slow for (a multiple of 2,048)."""
         if keras.backend.backend() != "tensorflow" or keras.backend.standardize_dtype(x.dtype) != "float32":
             return False
-        from keras_transformer import vocabulary_projection  # TensorFlow only
+        from keras_transformer import eigen_slices  # TensorFlow only
 
-        return vocabulary_projection.pays(self.vocab_size)
+        return eigen_slices.pays(self.vocab_size)
 
     def get_config(self):
         config = super().get_config()

@@ -1,0 +1,163 @@
+"""keras_transformer/eigen_slices.py: products in slices of their result's
+columns where TensorFlow multiplies float32 with Eigen and the result's
+rows are a multiple of 2,048 floats; and the training paths that take them
+(`dense_gradient.py`, `vocabulary_projection.py`, whose own tests are in
+`test_vocabulary_projection.py`)."""
+
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import eigen_slices
+
+
+@pytest.mark.parametrize("width,slice_size,expected", [
+    (8192, 1024, [1024] * 8),
+    (2048, 1024, [1024, 1024]),
+    (4096, 1024, [1024] * 4),
+    (32768, 1024, [1024] * 32),
+    (10, 4, [4, 3, 3]),
+    (3, 4, [3]),
+])
+def test_slice_sizes(width, slice_size, expected):
+    assert eigen_slices.slice_sizes(width, slice_size) == expected
+
+
+@pytest.mark.parametrize("transpose_a", [False, True])
+@pytest.mark.parametrize("transpose_b", [False, True])
+@pytest.mark.parametrize("width,slice_size", [(10, 4), (12, 4), (7, 16)])
+def test_matmul_equals_one_matmul(transpose_a, transpose_b, width, slice_size):
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(6, 5)).astype("float32")
+    b = rng.normal(size=(5, width)).astype("float32")
+    a = a.T if transpose_a else a
+    b = b.T if transpose_b else b
+    ours = eigen_slices.matmul(a, b, transpose_a, transpose_b, slice_size=slice_size)
+    reference = tf.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+    assert ours.shape == (6, width)
+    np.testing.assert_allclose(ours.numpy(), reference.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_pays_only_for_multiples_of_2048_on_eigen(monkeypatch):
+    monkeypatch.setattr(eigen_slices, "tensorflow_uses_onednn", lambda: False)
+    monkeypatch.setattr(tf.config, "list_logical_devices", lambda kind=None: [])
+    assert [w for w in (512, 1024, 2000, 2048, 3000, 4000, 4096, 8000, 8192, 32000, 32768, 37000)
+            if eigen_slices.pays(w)] == [2048, 4096, 8192, 32768]
+    monkeypatch.setattr(eigen_slices, "tensorflow_uses_onednn", lambda: True)
+    assert not eigen_slices.pays(8192)  # oneDNN multiplies
+    monkeypatch.setattr(eigen_slices, "tensorflow_uses_onednn", lambda: False)
+    monkeypatch.setattr(tf.config, "list_logical_devices",
+                        lambda kind=None: ["/device:GPU:0"] if kind == "GPU" else [])
+    assert not eigen_slices.pays(8192)  # a GPU multiplies
+
+
+@pytest.mark.parametrize("setting,expected", [("0", "False"), ("1", "True")])
+def test_reads_tensorflows_onednn_setting(setting, expected):
+    # The private query must follow TF_ENABLE_ONEDNN_OPTS; if a TensorFlow
+    # release moves or changes it, this fails instead of silently choosing.
+    code = ("from keras_transformer import eigen_slices as e; "
+            "print(e.tensorflow_uses_onednn())")
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": setting, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.stdout.strip().splitlines()[-1] == expected
+
+
+def _eigen(monkeypatch, eigen):
+    monkeypatch.setattr(eigen_slices, "multiplies_with_eigen", lambda: eigen)
+
+
+def _matmuls_in_training_step(layer, x):
+    """The `MatMul` ops of one forward and backward pass, traced."""
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x, training=True)
+            loss = tf.reduce_sum(y * tf.sin(y))
+        return [y] + tape.gradient(loss, [x] + [w.value for w in layer.weights])
+
+    graph = step.get_concrete_function(tf.TensorSpec(x.shape, x.dtype)).graph
+    return step(x), sum(op.type == "MatMul" for op in graph.get_operations())
+
+
+@pytest.mark.parametrize("d_in,units,activation,slices", [
+    # the inner feed-forward layer of `base`: forward and kernel gradient in
+    # 2 slices each, the input gradient whole: 5 products instead of 3
+    (8, 2048, "relu", 5),
+    # the outer one: the input gradient in 2 slices
+    (2048, 8, None, 4),
+])
+def test_dense_takes_slices_on_eigen_with_keras_values(monkeypatch, d_in, units, activation,
+                                                        slices):
+    from keras_transformer.layers.dense import Dense
+
+    x = tf.constant(np.random.default_rng(1).normal(size=(6, d_in)).astype("float32"))
+    ours = Dense(units, activation=activation)
+    theirs = keras.layers.Dense(units, activation=activation)
+    ours.build(x.shape)
+    theirs.build(x.shape)
+    theirs.set_weights(ours.get_weights())
+    _eigen(monkeypatch, True)
+    sliced, matmuls = _matmuls_in_training_step(ours, x)
+    assert matmuls == slices
+    whole, keras_matmuls = _matmuls_in_training_step(theirs, x)
+    assert keras_matmuls == 3
+    for a, b in zip(sliced, whole):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5)
+
+    # Under oneDNN or on a GPU, whole products (and the outer layer takes
+    # Keras's own gradient).
+    _eigen(monkeypatch, False)
+    layer = Dense(units, activation=activation)
+    layer.build(x.shape)
+    assert _matmuls_in_training_step(layer, x)[1] == 3
+    assert layer._written_out_gradient(x) == (units >= d_in)
+
+
+def test_model_trains_the_same_in_slices(monkeypatch):
+    """A tiny model with a vocabulary and an inner feed-forward width of
+    2,048 trains to the same losses and weights through the slices (the
+    tied projection's and both feed-forward layers')."""
+    import keras_transformer as kt
+
+    config = kt.get_config("tiny", vocab_size=2048, d_ff=2048, dropout=0.0)
+    rng = np.random.default_rng(2)
+    source = rng.integers(4, 2048, (4, 7)).astype("int32")
+    target = rng.integers(4, 2048, (4, 6)).astype("int32")
+    runs = {}
+    calls = []
+    original = eigen_slices.matmul
+    monkeypatch.setattr(eigen_slices, "matmul",
+                        lambda a, b, *args, **kwargs: calls.append(b.shape) or original(
+                            a, b, *args, **kwargs))
+    for eigen in (False, True):
+        _eigen(monkeypatch, eigen)
+        keras.utils.set_random_seed(0)
+        model = kt.Transformer(config)
+        model.compile(optimizer=kt.transformer_adam(config.d_model),
+                      loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing,
+                                                        pad_id=config.pad_id))
+        losses = [float(model.train_on_batch((source, target[:, :-1]), target[:, 1:]))
+                  for _ in range(3)]
+        runs[eigen] = losses, [w.numpy() for w in model.weights]
+        if not eigen:
+            assert calls == []
+    # In the Eigen run only, per trace of the step: the projection's forward
+    # and table gradient, and each feed-forward layer's one (outer: input
+    # gradient) or two (inner: kernel gradient; its forward splits the
+    # kernel itself).
+    layers = config.num_layers + config.decoder_layers
+    per_trace = 2 + layers * 2
+    traces = len(calls) // per_trace
+    assert traces >= 1 and len(calls) == traces * per_trace
+    assert calls.count((2048, 64)) == traces * (1 + layers)  # the table; the outer kernels
+    np.testing.assert_allclose(runs[True][0], runs[False][0], rtol=1e-6)
+    for a, b in zip(runs[True][1], runs[False][1]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
