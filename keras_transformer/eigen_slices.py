@@ -29,14 +29,15 @@ not slow, or (the last) slower in slices, and stay whole.
 
 Under oneDNN (`TF_ENABLE_ONEDNN_OPTS=1` on the same host) whole products
 are fast and the vocabulary slices measured 0.98x; on a GPU the products
-are cuBLAS's. So slices are taken only where neither applies.
+are cuBLAS's. So slices are taken only where neither applies
+(`tensorflow_kernels.multiplies_with_eigen()`).
 
 TensorFlow only; `vocabulary_projection.py` and `dense_gradient.py` call it.
 """
 
-import functools
-
 import tensorflow as tf
+
+from keras_transformer import tensorflow_kernels
 
 # Slices at most this many columns wide.
 SLICE = 1024
@@ -44,29 +45,10 @@ SLICE = 1024
 SLOW_WIDTH_MULTIPLE = 2048
 
 
-@functools.cache
-def tensorflow_uses_onednn():
-    """Whether this process's TensorFlow multiplies with oneDNN (its
-    `TF_ENABLE_ONEDNN_OPTS` setting, or its default for this CPU). Where
-    the private query is missing, assumes it does, which keeps whole
-    products."""
-    try:
-        from tensorflow.python.util import _pywrap_util_port
-    except ImportError:
-        return True
-    return bool(_pywrap_util_port.IsMklEnabled())
-
-
-def multiplies_with_eigen():
-    """Whether float32 products run on Eigen's contraction here: TensorFlow
-    without oneDNN, and no GPU to place them on."""
-    return not tensorflow_uses_onednn() and not tf.config.list_logical_devices("GPU")
-
-
 def pays(width):
     """Whether a product whose result has `width` columns is faster in
     slices here."""
-    return width % SLOW_WIDTH_MULTIPLE == 0 and multiplies_with_eigen()
+    return width % SLOW_WIDTH_MULTIPLE == 0 and tensorflow_kernels.multiplies_with_eigen()
 
 
 def slice_sizes(width, slice_size=SLICE):

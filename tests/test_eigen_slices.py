@@ -4,16 +4,13 @@ rows are a multiple of 2,048 floats; and the training paths that take them
 (`dense_gradient.py`, `vocabulary_projection.py`, whose own tests are in
 `test_vocabulary_projection.py`)."""
 
-import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import eigen_slices
+from keras_transformer import compiled_attention, eigen_slices, tensorflow_kernels
 
 
 @pytest.mark.parametrize("width,slice_size,expected", [
@@ -44,32 +41,15 @@ def test_matmul_equals_one_matmul(transpose_a, transpose_b, width, slice_size):
 
 
 def test_pays_only_for_multiples_of_2048_on_eigen(monkeypatch):
-    monkeypatch.setattr(eigen_slices, "tensorflow_uses_onednn", lambda: False)
-    monkeypatch.setattr(tf.config, "list_logical_devices", lambda kind=None: [])
+    monkeypatch.setattr(tensorflow_kernels, "multiplies_with_eigen", lambda: True)
     assert [w for w in (512, 1024, 2000, 2048, 3000, 4000, 4096, 8000, 8192, 32000, 32768, 37000)
             if eigen_slices.pays(w)] == [2048, 4096, 8192, 32768]
-    monkeypatch.setattr(eigen_slices, "tensorflow_uses_onednn", lambda: True)
-    assert not eigen_slices.pays(8192)  # oneDNN multiplies
-    monkeypatch.setattr(eigen_slices, "tensorflow_uses_onednn", lambda: False)
-    monkeypatch.setattr(tf.config, "list_logical_devices",
-                        lambda kind=None: ["/device:GPU:0"] if kind == "GPU" else [])
-    assert not eigen_slices.pays(8192)  # a GPU multiplies
-
-
-@pytest.mark.parametrize("setting,expected", [("0", "False"), ("1", "True")])
-def test_reads_tensorflows_onednn_setting(setting, expected):
-    # The private query must follow TF_ENABLE_ONEDNN_OPTS; if a TensorFlow
-    # release moves or changes it, this fails instead of silently choosing.
-    code = ("from keras_transformer import eigen_slices as e; "
-            "print(e.tensorflow_uses_onednn())")
-    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": setting, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
-    assert out.stdout.strip().splitlines()[-1] == expected
+    monkeypatch.setattr(tensorflow_kernels, "multiplies_with_eigen", lambda: False)
+    assert not eigen_slices.pays(8192)
 
 
 def _eigen(monkeypatch, eigen):
-    monkeypatch.setattr(eigen_slices, "multiplies_with_eigen", lambda: eigen)
+    monkeypatch.setattr(tensorflow_kernels, "multiplies_with_eigen", lambda: eigen)
 
 
 def _matmuls_in_training_step(layer, x):
@@ -136,6 +116,9 @@ def test_model_trains_the_same_in_slices(monkeypatch):
     monkeypatch.setattr(eigen_slices, "matmul",
                         lambda a, b, *args, **kwargs: calls.append(b.shape) or original(
                             a, b, *args, **kwargs))
+    # Attention as it is without Eigen in both runs (`compiled_attention.py`
+    # has its own test), so that only the slices differ.
+    monkeypatch.setattr(compiled_attention, "pays", lambda dtype: False)
     for eigen in (False, True):
         _eigen(monkeypatch, eigen)
         keras.utils.set_random_seed(0)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import eigen_slices, vocabulary_projection
+from keras_transformer import tensorflow_kernels, vocabulary_projection
 from keras_transformer.layers.embedding import TokenEmbedding
 
 
@@ -49,10 +49,10 @@ def test_token_embedding_trains_in_slices_where_it_pays(monkeypatch):
     monkeypatch.setattr(vocabulary_projection, "logits",
                         lambda *args: calls.append(args[1].shape) or original(*args))
 
-    monkeypatch.setattr(eigen_slices, "multiplies_with_eigen", lambda: False)
+    monkeypatch.setattr(tensorflow_kernels, "multiplies_with_eigen", lambda: False)
     whole = _logits_and_gradients(embedding, x, training=True)
     assert calls == []
-    monkeypatch.setattr(eigen_slices, "multiplies_with_eigen", lambda: True)
+    monkeypatch.setattr(tensorflow_kernels, "multiplies_with_eigen", lambda: True)
     sliced = _logits_and_gradients(embedding, x, training=True)
     assert calls == [(2048, 8)]
     assert sliced[0].shape == (2, 3, 2048) and sliced[0].dtype == np.float32
@@ -69,7 +69,7 @@ def test_token_embedding_trains_in_slices_where_it_pays(monkeypatch):
 
 
 def test_not_under_mixed_precision(monkeypatch):
-    monkeypatch.setattr(eigen_slices, "multiplies_with_eigen", lambda: True)
+    monkeypatch.setattr(tensorflow_kernels, "multiplies_with_eigen", lambda: True)
     calls = []
     monkeypatch.setattr(vocabulary_projection, "logits", lambda *args: calls.append(1))
     embedding = TokenEmbedding(2048, 8, dtype="mixed_bfloat16")

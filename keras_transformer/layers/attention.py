@@ -191,12 +191,30 @@ class MultiHeadAttention(keras.layers.Layer):
         # on CPU than these batched matmuls; on JAX/GPU it was level in
         # training and 1.09-1.53x slower in bfloat16 beam search, where cuDNN
         # also rejects the broadcast padding mask (benchmarks/README.md, GPU details).
+        # Where TensorFlow multiplies float32 with Eigen, its batched matmul
+        # is slow on the heads' small matrices; training compiles the core
+        # with XLA there (`compiled_attention.py`, the bench step 1.10x).
+        if training and not return_attention_weights and self._compiled(q_heads):
+            from keras_transformer import compiled_attention  # TensorFlow only
+
+            out = compiled_attention.attention(
+                q_heads, k_heads, v_heads, None if mask is None else ops.cast(mask, "bool"))
+            return self.dense(self.merge_heads(out)), None
         out, weights = scaled_dot_product_attention(
             q_heads, k_heads, v_heads, mask,
             dropout=self.attention_dropout if self.dropout else None,
             training=training,
         )
         return self.dense(self.merge_heads(out)), weights if return_attention_weights else None
+
+    def _compiled(self, q_heads):
+        """Whether training takes `compiled_attention.attention`: TensorFlow
+        multiplying float32 with Eigen, and no dropout on the weights."""
+        if keras.backend.backend() != "tensorflow" or self.dropout:
+            return False
+        from keras_transformer import compiled_attention  # TensorFlow only
+
+        return compiled_attention.pays(keras.backend.standardize_dtype(q_heads.dtype))
 
     def call(self, v, k, q, mask=None, training=None, return_attention_weights=True):
         k_heads, v_heads = self.project_keys_and_values(k, v)
