@@ -13,7 +13,7 @@ host put the step's 54 of them at 176 ms of thread time (3.3 ms each, ~10
 GFLOP/s; 0.74 ms each under oneDNN on the AVX-512 host). Compiled by XLA,
 one bench-shaped causal self-attention (64 sentences x 32 tokens, 4 heads
 of 64), forward and backward, took 6.2-6.9 ms against 9.6-10.8 ms, and the
-bench training step was 1.10x faster (benchmarks/README.md, "The same
+bench training step was 1.09-1.12x faster (benchmarks/README.md, "The same
 host, a sixth session").
 
 The function is the same `keras.ops` code, compiled, and TensorFlow

@@ -193,7 +193,7 @@ class MultiHeadAttention(keras.layers.Layer):
         # also rejects the broadcast padding mask (benchmarks/README.md, GPU details).
         # Where TensorFlow multiplies float32 with Eigen, its batched matmul
         # is slow on the heads' small matrices; training compiles the core
-        # with XLA there (`compiled_attention.py`, the bench step 1.10x).
+        # with XLA there (`compiled_attention.py`, the bench step 1.09-1.12x).
         if training and not return_attention_weights and self._compiled(q_heads):
             from keras_transformer import compiled_attention  # TensorFlow only
 
