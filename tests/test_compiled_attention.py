@@ -1,7 +1,6 @@
 """keras_transformer/compiled_attention.py: scaled dot-product attention as
 one XLA function in float32 training where TensorFlow multiplies with Eigen."""
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -9,6 +8,7 @@ import tensorflow as tf
 from keras_transformer import compiled_attention, tensorflow_kernels
 from keras_transformer.layers.attention import MultiHeadAttention, scaled_dot_product_attention
 from keras_transformer.layers.masks import causal_mask
+from conftest import train_with_and_without_eigen
 
 
 def _eigen(monkeypatch, eigen):
@@ -99,23 +99,8 @@ def test_model_trains_the_same_compiled(monkeypatch):
     import keras_transformer as kt
 
     config = kt.get_config("tiny", vocab_size=40, dropout=0.0)
-    rng = np.random.default_rng(2)
-    source = rng.integers(4, 40, (4, 7)).astype("int32")
-    target = rng.integers(4, 40, (4, 6)).astype("int32")
     calls = _spy(monkeypatch)
-    runs = {}
-    for eigen in (False, True):
-        _eigen(monkeypatch, eigen)
-        keras.utils.set_random_seed(0)
-        model = kt.Transformer(config)
-        model.compile(optimizer=kt.transformer_adam(config.d_model),
-                      loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing,
-                                                        pad_id=config.pad_id))
-        losses = [float(model.train_on_batch((source, target[:, :-1]), target[:, 1:]))
-                  for _ in range(3)]
-        runs[eigen] = losses, [w.numpy() for w in model.weights]
-        if not eigen:
-            assert calls == []
+    runs = train_with_and_without_eigen(monkeypatch, config, calls)
     attentions = config.num_layers + 2 * config.decoder_layers
     assert calls and len(calls) % attentions == 0  # each traced step, all of them
     np.testing.assert_allclose(runs[True][0], runs[False][0], rtol=1e-5)

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import compiled_attention, eigen_slices, tensorflow_kernels
+from conftest import train_with_and_without_eigen
 
 
 @pytest.mark.parametrize("width,slice_size,expected", [
@@ -107,10 +108,6 @@ def test_model_trains_the_same_in_slices(monkeypatch):
     import keras_transformer as kt
 
     config = kt.get_config("tiny", vocab_size=2048, d_ff=2048, dropout=0.0)
-    rng = np.random.default_rng(2)
-    source = rng.integers(4, 2048, (4, 7)).astype("int32")
-    target = rng.integers(4, 2048, (4, 6)).astype("int32")
-    runs = {}
     calls = []
     original = eigen_slices.matmul
     monkeypatch.setattr(eigen_slices, "matmul",
@@ -119,18 +116,7 @@ def test_model_trains_the_same_in_slices(monkeypatch):
     # Attention as it is without Eigen in both runs (`compiled_attention.py`
     # has its own test), so that only the slices differ.
     monkeypatch.setattr(compiled_attention, "pays", lambda dtype: False)
-    for eigen in (False, True):
-        _eigen(monkeypatch, eigen)
-        keras.utils.set_random_seed(0)
-        model = kt.Transformer(config)
-        model.compile(optimizer=kt.transformer_adam(config.d_model),
-                      loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing,
-                                                        pad_id=config.pad_id))
-        losses = [float(model.train_on_batch((source, target[:, :-1]), target[:, 1:]))
-                  for _ in range(3)]
-        runs[eigen] = losses, [w.numpy() for w in model.weights]
-        if not eigen:
-            assert calls == []
+    runs = train_with_and_without_eigen(monkeypatch, config, calls)
     # In the Eigen run only, per trace of the step: the projection's forward
     # and table gradient, and each feed-forward layer's one (outer: input
     # gradient) or two (inner: kernel gradient; its forward splits the
