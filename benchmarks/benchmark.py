@@ -69,7 +69,7 @@ def peak_sizes(size):
     TensorFlow multiplies with Eigen rather than oneDNN (e.g. AMD Zen 3),
     rows a multiple of 2,048 floats long halve its speed (2,048^2: 138
     GFLOP/s against 186 at 1,920^2 on a 2-core Zen 3 host; see
-    keras_transformer/vocabulary_projection.py), which a power-of-two size
+    keras_transformer/eigen_slices.py), which a power-of-two size
     alone would take for the machine's peak."""
     return (size, max(1, size * 15 // 16))
 
