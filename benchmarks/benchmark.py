@@ -22,10 +22,13 @@ alternating rounds and the ratio is taken per round; the median is reported.
 
 Precision: `--precision` is ours, `--reference-precision` Model Garden's
 (default float32: its mixed_bfloat16 path fails with a dtype error in
-`TransformerDecoderBlock`). XLA (`--xla auto`): what measured fastest here,
-i.e. our training step without XLA (XLA:CPU's matmuls are slower than
-oneDNN's) and our beam search with it; Model Garden always runs without XLA
-(its XLA training is slower, and its beam search grows shapes).
+`TransformerDecoderBlock`). XLA (`--xla auto`): what the trainer and the
+exported `translate_xla` signature run, i.e. our training step without XLA
+(on the AVX-512 host XLA:CPU's matmuls are slower than oneDNN's, 0.81x; on
+an AVX2 host, where TensorFlow uses Eigen, the XLA step was 1.05x faster,
+but each batch shape compiles) and our beam search with it; Model Garden
+always runs without XLA (its XLA training is slower, and its beam search
+grows shapes).
 """
 
 import argparse
@@ -372,8 +375,8 @@ def main(argv=None):
                         help="comma-separated subset of train,translate,latency,memory")
     parser.add_argument("--xla", default="auto", choices=["auto", "on", "off"],
                         help="XLA for our training step and beam search: auto = training "
-                             "without, search with (measured fastest on CPU); Model Garden "
-                             "always runs without")
+                             "without, search with (what the trainer and translate_xla "
+                             "run); Model Garden always runs without")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--train-steps", type=int, default=10, help="timed steps per round")
     parser.add_argument("--translate-repeats", type=int, default=2)

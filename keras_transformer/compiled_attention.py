@@ -19,7 +19,10 @@ host, a sixth session").
 The function is the same `keras.ops` code, compiled, and TensorFlow
 differentiates it (its gradient is compiled too). TensorFlow only, and only
 training takes it (`MultiHeadAttention.attend`): exported serving
-signatures stay XLA-free for a stock TF Serving binary.
+signatures stay XLA-free for a stock TF Serving binary. Not inside a step
+XLA compiles as a whole (`model.compile(jit_compile=True)`): XLA compiles
+the plain form there anyway, and this function nested in it made the bench
+step ~60x slower (`tensorflow_kernels.inside_xla_compilation()`).
 """
 
 import functools

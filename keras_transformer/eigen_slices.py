@@ -29,7 +29,8 @@ not slow, or (the last) slower in slices, and stay whole.
 
 Under oneDNN (`TF_ENABLE_ONEDNN_OPTS=1` on the same host) whole products
 are fast and the vocabulary slices measured 0.98x; on a GPU the products
-are cuBLAS's. So slices are taken only where neither applies
+are cuBLAS's; inside a function XLA compiles they are XLA's, which showed no
+such slowdown. So slices are taken only where none applies
 (`tensorflow_kernels.multiplies_with_eigen()`).
 
 TensorFlow only; `vocabulary_projection.py` and `dense_gradient.py` call it.

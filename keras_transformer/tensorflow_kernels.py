@@ -11,6 +11,14 @@ and its batched matmul of attention's small heads ~4x slower than oneDNN's
 (`compiled_attention.py`), while oneDNN does neither and was slower in the
 ways around them. Those paths ask `multiplies_with_eigen()`.
 
+Inside a function XLA compiles (`model.compile(jit_compile=True)`), XLA
+emits the products itself: it had no such slowdown there (`x (2,048 x 256)
+E^T` at 107 GFLOP/s for 8,000 rows and 109 for 8,192, where TensorFlow's
+kernel ran at 96 and 65), and attention compiled as a function of its own
+*inside* an XLA-compiled training step made that step ~60x slower (40-60 s
+against 0.75 s for the bench step). So `multiplies_with_eigen()` is False
+while XLA compiles (`inside_xla_compilation()`).
+
 TensorFlow only.
 """
 
@@ -32,7 +40,22 @@ def tensorflow_uses_onednn():
     return bool(_pywrap_util_port.IsMklEnabled())
 
 
+def inside_xla_compilation():
+    """Whether the ops being built now will be compiled by XLA: traced in a
+    `tf.function(jit_compile=True)`, or in a function it calls. Asks the
+    private query `tf.function` itself uses; where it is missing, answers
+    False."""
+    try:
+        from tensorflow.python.framework import ops
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:
+        return False
+    return bool(control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()))
+
+
 def multiplies_with_eigen():
-    """Whether float32 products run on Eigen's kernels here: TensorFlow
-    without oneDNN, and no GPU to place them on."""
-    return not tensorflow_uses_onednn() and not tf.config.list_logical_devices("GPU")
+    """Whether float32 products built here run on Eigen's kernels in
+    TensorFlow's executor: TensorFlow without oneDNN, no GPU to place them
+    on, and not inside a function XLA compiles."""
+    return (not tensorflow_uses_onednn() and not tf.config.list_logical_devices("GPU")
+            and not inside_xla_compilation())

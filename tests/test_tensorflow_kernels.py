@@ -36,3 +36,56 @@ def test_eigen_only_without_onednn_and_without_a_gpu(monkeypatch):
     monkeypatch.setattr(tf.config, "list_logical_devices",
                         lambda kind=None: ["/device:GPU:0"] if kind == "GPU" else [])
     assert not tensorflow_kernels.multiplies_with_eigen()  # a GPU multiplies
+
+
+def test_not_eigen_inside_a_function_xla_compiles(monkeypatch):
+    # XLA emits the products of a jit-compiled function itself: neither the
+    # slices nor attention compiled on its own belong there (the latter
+    # nested in an XLA-compiled training step made it ~60x slower).
+    monkeypatch.setattr(tensorflow_kernels, "tensorflow_uses_onednn", lambda: False)
+    monkeypatch.setattr(tf.config, "list_logical_devices", lambda kind=None: [])
+    seen = {}
+
+    def probe(where):
+        seen[where] = (tensorflow_kernels.inside_xla_compilation(),
+                       tensorflow_kernels.multiplies_with_eigen())
+        return tf.constant(0.0)
+
+    probe("eager")
+    tf.function(lambda: probe("graph"))()
+    tf.function(lambda: probe("xla"), jit_compile=True)()
+    called = tf.function(lambda: probe("called from xla"))
+    tf.function(lambda: called(), jit_compile=True)()
+    assert seen == {"eager": (False, True), "graph": (False, True),
+                    "xla": (True, False), "called from xla": (True, False)}
+
+
+def test_model_compiled_by_xla_takes_no_eigen_path(monkeypatch):
+    """`model.compile(jit_compile=True)` on an Eigen host trains without
+    vocabulary slices and without separately compiled attention."""
+    import keras
+    import numpy as np
+
+    import keras_transformer as kt
+    from keras_transformer import compiled_attention, eigen_slices
+
+    calls = []
+    for module, name in ((eigen_slices, "matmul"), (compiled_attention, "attention")):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name,
+                            lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    monkeypatch.setattr(tensorflow_kernels, "tensorflow_uses_onednn", lambda: False)
+    monkeypatch.setattr(tf.config, "list_logical_devices", lambda kind=None: [])
+    assert tensorflow_kernels.multiplies_with_eigen()  # outside XLA both would be taken
+    config = kt.get_config("tiny", vocab_size=2048, dropout=0.0)  # a vocabulary Eigen slices
+    rng = np.random.default_rng(3)
+    source = rng.integers(4, config.vocab_size, (4, 7)).astype("int32")
+    target = rng.integers(4, config.vocab_size, (4, 6)).astype("int32")
+    keras.utils.set_random_seed(0)
+    model = kt.Transformer(config)
+    model.compile(optimizer=kt.transformer_adam(config.d_model), jit_compile=True,
+                  loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id))
+    losses = [float(model.train_on_batch((source, target[:, :-1]), target[:, 1:]))
+              for _ in range(2)]
+    assert calls == []
+    assert np.all(np.isfinite(losses))
