@@ -28,30 +28,38 @@ def random_ids(shape, low=4, high=40, seed=0):
     return np.random.default_rng(seed).integers(low, high, size=shape).astype("int32")
 
 
+def train_on_one_batch(config, steps, jit_compile=False):
+    """Trains `config`'s model from seed 0 on one random batch (4 sentences,
+    source 7 and target 6 ids) for `steps` steps.
+
+    Returns: `(losses, weights)`.
+    """
+    rng = np.random.default_rng(2)
+    source = rng.integers(4, config.vocab_size, (4, 7)).astype("int32")
+    target = rng.integers(4, config.vocab_size, (4, 6)).astype("int32")
+    keras.utils.set_random_seed(0)
+    model = kt.Transformer(config)
+    model.compile(optimizer=kt.transformer_adam(config.d_model), jit_compile=jit_compile,
+                  loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing,
+                                                    pad_id=config.pad_id))
+    losses = [float(model.train_on_batch((source, target[:, :-1]), target[:, 1:]))
+              for _ in range(steps)]
+    return losses, [w.numpy() for w in model.weights]
+
+
 def train_with_and_without_eigen(monkeypatch, config, calls, steps=3):
-    """Trains `config`'s model on one random batch for `steps` steps twice
-    from the same seed: with TensorFlow's kernels taken as oneDNN's, then as
-    Eigen's (`tensorflow_kernels.multiplies_with_eigen`), asserting that the
-    first run added nothing to `calls` (a spy's list).
+    """`train_on_one_batch` twice: with TensorFlow's kernels taken as
+    oneDNN's, then as Eigen's (`tensorflow_kernels.multiplies_with_eigen`),
+    asserting that the first run added nothing to `calls` (a spy's list).
 
     Returns: `{eigen: (losses, weights)}` for `eigen` False and True.
     """
     from keras_transformer import tensorflow_kernels
 
-    rng = np.random.default_rng(2)
-    source = rng.integers(4, config.vocab_size, (4, 7)).astype("int32")
-    target = rng.integers(4, config.vocab_size, (4, 6)).astype("int32")
     runs = {}
     for eigen in (False, True):
         monkeypatch.setattr(tensorflow_kernels, "multiplies_with_eigen", lambda: eigen)
-        keras.utils.set_random_seed(0)
-        model = kt.Transformer(config)
-        model.compile(optimizer=kt.transformer_adam(config.d_model),
-                      loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing,
-                                                        pad_id=config.pad_id))
-        losses = [float(model.train_on_batch((source, target[:, :-1]), target[:, 1:]))
-                  for _ in range(steps)]
-        runs[eigen] = losses, [w.numpy() for w in model.weights]
+        runs[eigen] = train_on_one_batch(config, steps)
         if not eigen:
             assert calls == []
     return runs

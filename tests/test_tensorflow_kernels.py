@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import tensorflow_kernels
+from conftest import train_on_one_batch
 
 
 @pytest.mark.parametrize("setting,expected", [("0", "False"), ("1", "True")])
@@ -63,7 +64,6 @@ def test_not_eigen_inside_a_function_xla_compiles(monkeypatch):
 def test_model_compiled_by_xla_takes_no_eigen_path(monkeypatch):
     """`model.compile(jit_compile=True)` on an Eigen host trains without
     vocabulary slices and without separately compiled attention."""
-    import keras
     import numpy as np
 
     import keras_transformer as kt
@@ -78,14 +78,6 @@ def test_model_compiled_by_xla_takes_no_eigen_path(monkeypatch):
     monkeypatch.setattr(tf.config, "list_logical_devices", lambda kind=None: [])
     assert tensorflow_kernels.multiplies_with_eigen()  # outside XLA both would be taken
     config = kt.get_config("tiny", vocab_size=2048, dropout=0.0)  # a vocabulary Eigen slices
-    rng = np.random.default_rng(3)
-    source = rng.integers(4, config.vocab_size, (4, 7)).astype("int32")
-    target = rng.integers(4, config.vocab_size, (4, 6)).astype("int32")
-    keras.utils.set_random_seed(0)
-    model = kt.Transformer(config)
-    model.compile(optimizer=kt.transformer_adam(config.d_model), jit_compile=True,
-                  loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id))
-    losses = [float(model.train_on_batch((source, target[:, :-1]), target[:, 1:]))
-              for _ in range(2)]
+    losses, _ = train_on_one_batch(config, steps=2, jit_compile=True)
     assert calls == []
     assert np.all(np.isfinite(losses))
