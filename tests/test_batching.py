@@ -92,3 +92,36 @@ def test_caching_the_tokenized_pairs_gives_the_same_batches(tokenizer):
     for plain, cached in zip(*runs):
         for a, b in zip(plain, cached):
             np.testing.assert_array_equal(a, b)
+
+
+def test_fixed_shapes_give_one_shape_per_bucket_and_the_same_pairs(tokenizer):
+    # For XLA: each bucket's batches take exactly one shape, the last one
+    # filled with all-padding rows, and no pair is lost or changed.
+    pairs = corpus(300, seed=4)
+    max_length, budget = 24, 128
+    boundaries = batching.bucket_boundaries(max_length)
+    allowed = {(budget // (b - 1), b - 1) for b in boundaries}
+    runs = []
+    for fixed in (False, True):
+        dataset = batching.token_batches(as_dataset(pairs), tokenizer, budget, max_length,
+                                         fixed_shapes=fixed)
+        shapes, seen, filled = set(), [], 0
+        for (source, target_in), target_out in dataset.as_numpy_iterator():
+            assert source.shape == target_in.shape == target_out.shape or not fixed
+            shapes.add(source.shape)
+            real = (source != tokenizer.pad_id).any(1)
+            assert real.any()
+            if fixed:
+                # Filled rows are padding on every side, and come last.
+                assert not (target_out[~real] != tokenizer.pad_id).any()
+                assert real[: real.sum()].all()
+                filled += (~real).sum()
+            texts = zip(tokenizer.detokenize(source[real]).numpy(),
+                        tokenizer.detokenize(target_out[real]).numpy())
+            seen += [(s.decode(), t.decode()) for s, t in texts]
+        runs.append((shapes, sorted(seen), filled))
+    (free_shapes, free_pairs, _), (fixed_shapes, fixed_pairs, filled) = runs
+    assert fixed_pairs == free_pairs and len(free_pairs) > 100
+    assert fixed_shapes <= allowed and len(fixed_shapes) > 3
+    assert len(free_shapes) > len(fixed_shapes)  # what XLA would have compiled
+    assert filled > 0  # the buckets' last batches were filled

@@ -93,13 +93,15 @@ def test_max_minutes_stops_fit_after_the_time_budget():
     assert stop.stopped_at_step == 3
 
 
-def test_max_minutes_is_validated():
+def test_max_minutes_and_jit_compile_are_validated():
     from keras_transformer.training import trainer
 
     base = ["--run-dir", "r", "--data", "builtin", "--src-lang", "en", "--tgt-lang", "synth"]
     for extra, message in ((["--max-minutes", "0"], "--max-minutes must be positive"),
                            (["--max-minutes", "5", "--strategy", "multi_worker_mirrored"],
-                            "workers could stop at different steps")):
+                            "workers could stop at different steps"),
+                           (["--jit-compile", "--strategy", "mirrored"],
+                            "--jit-compile needs one device")):
         args = trainer.build_parser().parse_args(base + extra)
         try:
             trainer.validate_args(args)
@@ -107,3 +109,33 @@ def test_max_minutes_is_validated():
             assert message in str(e)
         else:
             raise AssertionError(f"{extra} was accepted")
+
+
+def test_jit_compile_trains_with_xla_on_one_shape_per_bucket(tmp_path, monkeypatch):
+    import numpy as np
+
+    from keras_transformer.data import batching
+    from keras_transformer.training import trainer
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_corpus(str(data))
+    fixed = []
+    token_batches = batching.token_batches
+
+    def spy(*args, **kwargs):
+        fixed.append(kwargs.get("fixed_shapes"))
+        return token_batches(*args, **kwargs)
+
+    monkeypatch.setattr(batching, "token_batches", spy)
+    args = trainer.build_parser().parse_args([
+        "--run-dir", str(tmp_path / "run"), "--data", f"text:{data}", "--src-lang", "en",
+        "--tgt-lang", "de", "--config", "tiny", "--vocab-size", "400", "--train-steps", "2",
+        "--steps-per-epoch", "2", "--checkpoint-every", "0", "--warmup-steps", "4",
+        "--batch-tokens", "256", "--max-length", "10", "--shuffle-buffer", "50",
+        "--valid-split", "val", "--bleu-sentences", "0", "--verbose", "0", "--jit-compile"])
+    model = trainer.train(args)
+    assert model.jit_compile is True  # Keras's default under a strategy is False
+    assert fixed == [True, True]  # training and validation batches: one shape per bucket
+    assert int(model.optimizer.iterations.numpy()) == 2
+    assert all(np.isfinite(w).all() for w in model.get_weights())

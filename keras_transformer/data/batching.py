@@ -148,6 +148,7 @@ def token_batches(
     min_boundary=8,
     growth=1.1,
     cache_tokenized=False,
+    fixed_shapes=False,
 ):
     """Token-budgeted, length-bucketed, padded batches for `model.fit`.
 
@@ -171,6 +172,13 @@ def token_batches(
             it for `small`, ~10% for the demo model); the cache holds the
             three id tensors of every pair (Multi30k: a few MB; WMT14's
             4.5M pairs: ~1.5 GB), so it is off by default.
+        fixed_shapes: one batch shape per bucket, for XLA (which compiles
+            the training step once per input shape): both sides are padded
+            to the bucket's longest length and a bucket's last, smaller
+            batch (only where the pairs do not repeat) is filled with
+            all-padding rows, which the loss and metrics ignore. Costs the
+            padding; without it a batch is padded to its own longest source
+            and target, and every batch may take a new shape.
 
     Returns: a dataset of `((source_ids (batch, src_len), target_input_ids
     (batch, tgt_len)), target_ids (batch, tgt_len))`, int32, padded with
@@ -203,9 +211,18 @@ def token_batches(
         bucket_batch_sizes=sizes,
         padded_shapes=([None], [None], [None]),
         padding_values=(pad, pad, pad),
-        pad_to_bucket_boundary=False,
+        pad_to_bucket_boundary=fixed_shapes,
         drop_remainder=False,
     )
+    if fixed_shapes:
+        # Every side is now `length = boundary - 1` long, and the bucket's
+        # batch size is `batch_tokens // length` (`bucket_batch_sizes`).
+        def fill_rows(*sides):
+            length = tf.shape(sides[0])[1]
+            missing = batch_tokens // length - tf.shape(sides[0])[0]
+            return tuple(tf.pad(x, [[0, missing], [0, 0]], constant_values=pad) for x in sides)
+
+        batches = batches.map(fill_rows)
     return batches.map(lambda s, ti, to: ((s, ti), to)).prefetch(tf.data.AUTOTUNE)
 
 

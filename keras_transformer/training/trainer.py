@@ -89,6 +89,12 @@ def build_parser():
     g.add_argument("--logical-cpus", type=int, default=0,
                    help="split the CPU into N devices for `mirrored` (testing without GPUs)")
     g.add_argument("--steps-per-execution", type=int, default=1)
+    g.add_argument("--jit-compile", action="store_true",
+                   help="compile the training and validation steps with XLA; batches are "
+                        "then padded to their length bucket's longest length (one shape, "
+                        "so one compilation, per bucket). Keras leaves XLA off under any "
+                        "tf.distribute strategy, and so by default does this trainer "
+                        "(README, Training at scale: when it pays)")
     g = p.add_argument_group("checkpoints and logging")
     g.add_argument("--checkpoint-every", type=int, default=1000, help="updates (0: only at the end)")
     g.add_argument("--keep-checkpoints", type=int, default=20,
@@ -106,6 +112,14 @@ def build_parser():
     return p
 
 
+# Keras 3 compiles a replica's step with the variables of every replica in
+# it; TensorFlow then refuses to read another device's variable ("Trying to
+# access resource ... located in device ...CPU:1 from device ...CPU:0").
+_JIT_WITH_REPLICAS = ("--jit-compile needs one device; the {} strategy runs replicas, whose "
+                      "steps Keras 3 cannot compile with XLA. Drop --jit-compile, or use "
+                      "--strategy one_device.")
+
+
 def validate_args(args):
     positive = ("max_length", "batch_tokens", "vocab_size", "vocab_sentences", "train_steps",
                 "warmup_steps", "accumulation_steps", "steps_per_execution", "keep_checkpoints",
@@ -119,6 +133,8 @@ def validate_args(args):
                          f"({args.max_length}).")
     if args.strategy == "multi_worker_mirrored" and args.logical_cpus > 1:
         raise ValueError("--logical-cpus applies to --strategy mirrored only.")
+    if args.jit_compile and args.strategy in ("mirrored", "multi_worker_mirrored"):
+        raise ValueError(_JIT_WITH_REPLICAS.format(args.strategy))
     if args.max_minutes is not None:
         if args.max_minutes <= 0:
             raise ValueError(f"--max-minutes must be positive, received {args.max_minutes}.")
@@ -208,6 +224,8 @@ def train(args, translate_fn_factory=None, extra_callbacks=()):
     # The strategy first: MultiWorkerMirroredStrategy and logical CPUs need
     # TensorFlow uninitialised.
     strategy = make_strategy(args.strategy, args.logical_cpus)
+    if args.jit_compile and strategy.num_replicas_in_sync > 1:
+        raise ValueError(_JIT_WITH_REPLICAS.format(type(strategy).__name__))
 
     import keras
 
@@ -257,6 +275,7 @@ def train(args, translate_fn_factory=None, extra_callbacks=()):
             loss=LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id),
             metrics=[MaskedAccuracy(pad_id=config.pad_id), cb.TargetTokens(config.pad_id)],
             steps_per_execution=args.steps_per_execution,
+            jit_compile=args.jit_compile,
         )
         # Logged values are already global (synchronised metric variables;
         # see Transformer.compute_loss): take the first replica's. Keras's
@@ -283,7 +302,7 @@ def train(args, translate_fn_factory=None, extra_callbacks=()):
         return batching.token_batches(
             pairs, tokenizer, args.batch_tokens, args.max_length, length_filter,
             shuffle_buffer=args.shuffle_buffer, seed=args.seed + start_step, repeat=True,
-            cache_tokenized=args.cache_tokenized)
+            cache_tokenized=args.cache_tokenized, fixed_shapes=args.jit_compile)
 
     train_ds = batching.distributed_dataset(strategy, train_fn)
     val_ds = None
@@ -294,7 +313,8 @@ def train(args, translate_fn_factory=None, extra_callbacks=()):
             pairs = pairs_of(args.valid_split).shard(
                 context.num_input_pipelines, context.input_pipeline_id)
             return batching.token_batches(pairs, tokenizer, args.batch_tokens,
-                                          args.max_length, val_filter)
+                                          args.max_length, val_filter,
+                                          fixed_shapes=args.jit_compile)
 
         val_ds = batching.distributed_dataset(strategy, val_fn)
 
