@@ -215,11 +215,16 @@ def token_batches(
         drop_remainder=False,
     )
     if fixed_shapes:
-        # Every side is now `length = boundary - 1` long, and the bucket's
-        # batch size is `batch_tokens // length` (`bucket_batch_sizes`).
+        # Every side of bucket i is now `boundaries[i] - 1` long; fill the
+        # batch to that bucket's own size in `sizes`.
+        size_at_length = [0] * boundaries[-1]
+        for boundary, size in zip(boundaries, sizes):
+            size_at_length[boundary - 1] = size
+        size_at_length = tf.constant(size_at_length, tf.int32)
+
         def fill_rows(*sides):
-            length = tf.shape(sides[0])[1]
-            missing = batch_tokens // length - tf.shape(sides[0])[0]
+            rows, length = tf.unstack(tf.shape(sides[0]))
+            missing = tf.gather(size_at_length, length) - rows
             return tuple(tf.pad(x, [[0, missing], [0, 0]], constant_values=pad) for x in sides)
 
         batches = batches.map(fill_rows)
