@@ -11,5 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
 source scripts/venv_jax.sh
+# Modules go to workers in collection order, which tests/conftest.py sorts
+# longest first (xdist's default order, most tests first, left the longest
+# one-test modules to the end).
 python -m pytest -q -n "${KT_TEST_WORKERS:-auto}" --maxprocesses 4 --dist loadscope \
-  --durations 10 "$@"
+  --no-loadscope-reorder --durations 10 "$@"

@@ -10,6 +10,27 @@ import keras_transformer as kt
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 
+# Seconds each module's tests took in the default run (`pytest --durations`,
+# two xdist workers on the 2-core CI host, 2026-11-24), for the modules over
+# 15 s. `scripts/test.sh` hands modules to workers in collection order
+# (`--dist loadscope --no-loadscope-reorder`), and this order puts the longest
+# first: xdist's own order (most tests first) left the one-test modules, the
+# demo's 160 s among them, to the end, with one worker idle meanwhile.
+MODULE_SECONDS = {
+    "test_jax_backend.py": 161, "test_demo.py": 159, "test_train_cli.py": 141,
+    "test_export.py": 140, "test_distributed.py": 125, "test_benchmark.py": 116,
+    "test_checkpoints.py": 84, "test_translate_cli.py": 74, "test_multi30k_recipe.py": 64,
+    "test_transformer.py": 46, "test_compiled_attention.py": 34,
+    "test_visualization.py": 32, "test_tensorflow_kernels.py": 32,
+    "test_eigen_slices.py": 30, "test_beam_search.py": 26, "test_batching.py": 21,
+    "test_dense.py": 18,
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest modules first (stable: a module's tests keep their order)."""
+    items.sort(key=lambda item: -MODULE_SECONDS.get(item.path.name, 0))
+
 
 @pytest.fixture(autouse=True)
 def _seed_and_policy():
