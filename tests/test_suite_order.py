@@ -22,7 +22,7 @@ def test_collected_tests_come_longest_module_first(request):
     seconds = [conftest.MODULE_SECONDS.get(item.path.name, 0)
                for item in request.session.items]
     assert seconds == sorted(seconds, reverse=True)
-    # Each module's tests stay together and in their written order.
+    # Each module's tests stay together (the sort is stable).
     modules = [item.path.name for item in request.session.items]
     runs = [name for i, name in enumerate(modules) if i == 0 or modules[i - 1] != name]
     assert len(runs) == len(set(runs)), "a module's tests were split up"
