@@ -32,6 +32,60 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: -MODULE_SECONDS.get(item.path.name, 0))
 
 
+# The table is kept by hand, so each full run checks it against what it
+# measured (setup, call and teardown of every test, summed per module; under
+# xdist the controller receives every worker's reports).
+_MEASURED_SECONDS = {}
+
+
+def pytest_runtest_logreport(report):
+    module = os.path.basename(report.nodeid.split("::")[0])
+    _MEASURED_SECONDS[module] = _MEASURED_SECONDS.get(module, 0.0) + report.duration
+
+
+def stale_module_seconds(measured, table, threshold=30, factor=2.5):
+    """Where `table` (module -> seconds) no longer orders `measured` (the
+    same, from one run) well: `{module: (table seconds or None, measured
+    seconds scaled)}` for each module off by more than `factor` either
+    way, or missing from the table while over `threshold` seconds. Both
+    limits leave room for one run's noise: on the CI host a module's time
+    moved by up to 2x between runs, and a module just over the table's 15 s
+    cut-off changes little wherever it goes.
+
+    `measured` is first scaled so that the table's modules take as long in
+    total as the table says: a faster or slower machine changes every
+    module alike and leaves the order as it was, so it is not staleness.
+    """
+    timed = sum(measured.get(name, 0.0) for name in table)
+    if timed <= 0:
+        return {}
+    scale = sum(table.values()) / timed
+    stale = {}
+    for name, seconds in measured.items():
+        seconds *= scale
+        expected = table.get(name)
+        if expected is None:
+            if seconds > threshold:
+                stale[name] = (None, round(seconds))
+        elif not expected / factor <= seconds <= expected * factor:
+            stale[name] = (expected, round(seconds))
+    return stale
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    # Only a full default run measures every module as the table does.
+    if (hasattr(config, "workerinput") or config.option.keyword
+            or not set(MODULE_SECONDS) <= set(_MEASURED_SECONDS)):
+        return
+    stale = stale_module_seconds(_MEASURED_SECONDS, MODULE_SECONDS)
+    if stale:
+        terminalreporter.write_sep("-", "tests/conftest.py MODULE_SECONDS is out of date")
+        for name, (expected, seconds) in sorted(stale.items(), key=lambda kv: -kv[1][1]):
+            terminalreporter.write_line(
+                f"{name}: {'not listed' if expected is None else f'{expected} s listed'}, "
+                f"{seconds} s measured (scaled to the table's total)")
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_policy():
     keras.utils.set_random_seed(1234)

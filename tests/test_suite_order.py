@@ -1,7 +1,7 @@
 """The default run hands the longest test modules to its workers first
 (`tests/conftest.py`, `MODULE_SECONDS`; `scripts/test.sh`), so that on the
 2-core CI host no worker sits idle while the other runs a long module at
-the end."""
+the end; and a full run says when that hand-kept table has gone stale."""
 
 import os
 import re
@@ -35,3 +35,61 @@ def test_the_test_script_keeps_the_collection_order():
         script = f.read()
     command = re.search(r"python -m pytest .*?\"\$@\"", script, re.S).group(0)
     assert "--dist loadscope" in command and "--no-loadscope-reorder" in command
+
+
+TABLE = {"test_a.py": 100, "test_b.py": 50, "test_c.py": 20}
+
+
+def test_a_uniformly_slower_machine_is_not_staleness():
+    measured = {name: seconds * 3.0 for name, seconds in TABLE.items()}
+    measured["test_short.py"] = 60.0  # 20 s on the table's scale
+    assert conftest.stale_module_seconds(measured, TABLE) == {}
+
+
+def test_stale_and_missing_modules_are_named():
+    measured = {"test_a.py": 100.0, "test_b.py": 50.0, "test_c.py": 70.0,
+                "test_new.py": 50.0, "test_short.py": 25.0}
+    # Scale: 170 / 220. test_c: 54 s against 20 listed (over 2.5x);
+    # test_new: 39 s, not listed; test_short: 19 s, under the 30 s threshold;
+    # test_a (77 s against 100) and test_b (39 against 50) are within 2.5x.
+    assert conftest.stale_module_seconds(measured, TABLE) == {
+        "test_c.py": (20, 54), "test_new.py": (None, 39)}
+    assert conftest.stale_module_seconds({"test_a.py": 10.0}, TABLE) == {}  # others absent
+
+
+class _Reporter:
+    def __init__(self):
+        self.lines = []
+
+    def write_sep(self, sep, title):
+        self.lines.append(title)
+
+    def write_line(self, line):
+        self.lines.append(line)
+
+
+class _Config:
+    def __init__(self, keyword="", worker=False):
+        self.option = type("Option", (), {"keyword": keyword})()
+        if worker:  # what pytest-xdist sets on a worker's config
+            self.workerinput = {"workerid": "gw0"}
+
+
+def test_a_full_run_reports_a_stale_table(monkeypatch):
+    stale = dict(conftest.MODULE_SECONDS, **{"test_new_and_long.py": 400})
+    monkeypatch.setattr(conftest, "_MEASURED_SECONDS", stale)
+    reporter = _Reporter()
+    conftest.pytest_terminal_summary(reporter, 0, _Config())
+    assert reporter.lines[0] == "tests/conftest.py MODULE_SECONDS is out of date"
+    assert reporter.lines[1].startswith("test_new_and_long.py: not listed, 400 s measured")
+
+    # Nothing when the table holds, for a partial run, or on an xdist worker
+    # (which saw only its own modules; the controller reports).
+    for config, measured in ((_Config(), dict(conftest.MODULE_SECONDS)),
+                             (_Config(keyword="export"), stale),
+                             (_Config(worker=True), stale),
+                             (_Config(), {"test_new_and_long.py": 400})):
+        monkeypatch.setattr(conftest, "_MEASURED_SECONDS", measured)
+        reporter = _Reporter()
+        conftest.pytest_terminal_summary(reporter, 0, config)
+        assert reporter.lines == []
