@@ -42,18 +42,18 @@ TABLE = {"test_a.py": 100, "test_b.py": 50, "test_c.py": 20}
 
 def test_a_uniformly_slower_machine_is_not_staleness():
     measured = {name: seconds * 3.0 for name, seconds in TABLE.items()}
-    measured["test_short.py"] = 60.0  # 20 s on the table's scale
+    measured["test_short.py"] = 120.0  # 40 s on the table's scale
     assert conftest.stale_module_seconds(measured, TABLE) == {}
 
 
-def test_stale_and_missing_modules_are_named():
-    measured = {"test_a.py": 100.0, "test_b.py": 50.0, "test_c.py": 70.0,
-                "test_new.py": 50.0, "test_short.py": 25.0}
-    # Scale: 170 / 220. test_c: 54 s against 20 listed (over 2.5x);
-    # test_new: 39 s, not listed; test_short: 19 s, under the 30 s threshold;
-    # test_a (77 s against 100) and test_b (39 against 50) are within 2.5x.
+def test_modules_listed_too_short_or_not_at_all_are_named():
+    measured = {"test_a.py": 100.0, "test_b.py": 20.0, "test_c.py": 100.0,
+                "test_new.py": 60.0, "test_short.py": 50.0}
+    # Scale: 170 / 220. test_c: 77 s against 20 listed (over 3x); test_new:
+    # 46 s, not listed; test_short: 39 s, under the 45 s threshold; test_b
+    # (15 s against 50) is listed too long, which only runs it early.
     assert conftest.stale_module_seconds(measured, TABLE) == {
-        "test_c.py": (20, 54), "test_new.py": (None, 39)}
+        "test_c.py": (20, 77), "test_new.py": (None, 46)}
     assert conftest.stale_module_seconds({"test_a.py": 10.0}, TABLE) == {}  # others absent
 
 
@@ -76,6 +76,7 @@ class _Config:
 
 
 def test_a_full_run_reports_a_stale_table(monkeypatch):
+    monkeypatch.delenv("KT_PRINT_MODULE_SECONDS", raising=False)
     stale = dict(conftest.MODULE_SECONDS, **{"test_new_and_long.py": 400})
     monkeypatch.setattr(conftest, "_MEASURED_SECONDS", stale)
     reporter = _Reporter()
@@ -93,3 +94,16 @@ def test_a_full_run_reports_a_stale_table(monkeypatch):
         reporter = _Reporter()
         conftest.pytest_terminal_summary(reporter, 0, config)
         assert reporter.lines == []
+
+
+def test_the_measured_table_is_printed_on_request(monkeypatch):
+    monkeypatch.setattr(conftest, "_MEASURED_SECONDS",
+                        {"test_x.py": 40.4, "test_y.py": 90.0, "test_z.py": 3.0})
+    monkeypatch.setenv("KT_PRINT_MODULE_SECONDS", "1")
+    reporter = _Reporter()
+    conftest.pytest_terminal_summary(reporter, 0, _Config())
+    assert reporter.lines[1] == "{'test_y.py': 90, 'test_x.py': 40}"
+    monkeypatch.delenv("KT_PRINT_MODULE_SECONDS")
+    reporter = _Reporter()
+    conftest.pytest_terminal_summary(reporter, 0, _Config())
+    assert reporter.lines == []
