@@ -11,12 +11,13 @@ import keras_transformer as kt
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 
 # Seconds each module's tests took in the default run, for the modules over
-# 15 s (`KT_PRINT_MODULE_SECONDS=1 bash scripts/test.sh`: two xdist workers on
-# the 2-core CI host, 2026-11-24). `scripts/test.sh` hands modules to workers
-# in collection order (`--dist loadscope --no-loadscope-reorder`), and this
-# order puts the longest first: xdist's own order (most tests first) left the
-# one-test modules, the demo's ~3 min among them, to the end, with one worker
-# idle meanwhile.
+# MODULE_SECONDS_CUTOFF (`KT_PRINT_MODULE_SECONDS=1 bash scripts/test.sh`:
+# two xdist workers on the 2-core CI host, 2026-11-24). `scripts/test.sh`
+# hands modules to workers in collection order (`--dist loadscope
+# --no-loadscope-reorder`), and this order puts the longest first: xdist's
+# own order (most tests first) left the one-test modules, the demo's ~3 min
+# among them, to the end, with one worker idle meanwhile.
+MODULE_SECONDS_CUTOFF = 15
 MODULE_SECONDS = {
     "test_demo.py": 211, "test_jax_backend.py": 199, "test_export.py": 143,
     "test_train_cli.py": 139, "test_distributed.py": 139, "test_benchmark.py": 129,
@@ -74,9 +75,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if hasattr(config, "workerinput"):  # the controller reports for all workers
         return
     if os.environ.get("KT_PRINT_MODULE_SECONDS"):
-        # To refresh the table: this run's seconds of every module over 15 s.
+        # To refresh the table: this run's seconds of every module it lists.
         measured = {name: round(seconds) for name, seconds in sorted(
-            _MEASURED_SECONDS.items(), key=lambda kv: -kv[1]) if seconds > 15}
+            _MEASURED_SECONDS.items(), key=lambda kv: -kv[1])
+            if seconds > MODULE_SECONDS_CUTOFF}
         terminalreporter.write_sep("-", "seconds per module (KT_PRINT_MODULE_SECONDS)")
         terminalreporter.write_line(repr(measured))
     # Only a full default run measures every module as the table does.
