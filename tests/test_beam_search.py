@@ -65,18 +65,26 @@ def test_stops_early_once_no_alive_hypothesis_can_win():
     assert script.calls == 2
 
 
+def eos_certain_after_a_at(script, certain_step):
+    """`script` as a step function, except that at `certain_step` a
+    hypothesis ending in `a` makes eos with probability ~1."""
+
+    def step_fn(ids, step, cache):
+        logits, cache = script(ids, step, cache)
+        certain_eos = tf.logical_and(tf.equal(ids, A), tf.equal(step, certain_step))
+        eos_column = tf.one_hot(tf.fill(tf.shape(ids), EOS), 6) * 40.0
+        return logits + tf.where(certain_eos[:, None], eos_column, 0.0), cache
+
+    return step_fn
+
+
 def test_keeps_going_while_a_longer_hypothesis_can_still_win():
     # [eos] (P 0.3) and [a, eos] (P 0.07) fill the finished set after step 1,
     # but the alive [a, a] (P 0.63) can still win: at step 3 the script makes
     # eos after a certain, so [a, a, a, eos] has P 0.7 * 0.9 * 0.9 = 0.567.
     script = MarkovScript([table({BOS: {EOS: 0.3, A: 0.7}, A: {A: 0.9, EOS: 0.1}})])
 
-    def step_fn(ids, step, cache):
-        logits, cache = script(ids, step, cache)
-        certain_eos = tf.logical_and(tf.equal(ids, A), tf.equal(step, 3))
-        eos_column = tf.one_hot(tf.fill(tf.shape(ids), EOS), 6) * 40.0
-        return logits + tf.where(certain_eos[:, None], eos_column, 0.0), cache
-
+    step_fn = eos_certain_after_a_at(script, 3)
     sequences, scores = beam_search(step_fn, [BOS], script.initial_cache([0]), 2, 0.0, 10,
                                     eos_id=EOS)
     np.testing.assert_array_equal(np.asarray(sequences)[0, :, :4],
@@ -92,12 +100,7 @@ def test_the_stopping_bound_accounts_for_the_length_penalty():
     # scores log(0.4 * 0.99**7) / lp(9) = -0.42 and must win.
     script = MarkovScript([table({BOS: {EOS: 0.6, A: 0.4}, A: {A: 0.99, EOS: 0.01}})])
 
-    def step_fn(ids, step, cache):
-        logits, cache = script(ids, step, cache)
-        certain_eos = tf.logical_and(tf.equal(ids, A), tf.equal(step, 8))
-        eos_column = tf.one_hot(tf.fill(tf.shape(ids), EOS), 6) * 40.0
-        return logits + tf.where(certain_eos[:, None], eos_column, 0.0), cache
-
+    step_fn = eos_certain_after_a_at(script, 8)
     sequences, scores = beam_search(step_fn, [BOS], script.initial_cache([0]), 1, 1.0, 12,
                                     eos_id=EOS)
     np.testing.assert_array_equal(np.asarray(sequences)[0, 0, :10], [A] * 8 + [EOS, PAD])

@@ -16,27 +16,21 @@ if __name__ == "__main__":
 
     fast_malloc.apply()
 
-import argparse
 import json
 import sys
 
 from keras_transformer.evaluation import score_translations
 from keras_transformer.export.cli import (
-    add_decoding_arguments,
-    add_model_arguments,
     decoding_options,
     one_line,
     open_from_args,
     read_lines,
+    translation_parser,
 )
 
 
 def main(argv=None, stdout=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_model_arguments(parser)
-    add_decoding_arguments(parser, defaults_from_model=True)
+    parser = translation_parser(__doc__)
     parser.add_argument("--source", required=True, help="source sentences, one per line")
     parser.add_argument("--reference", required=True, help="reference translations")
     parser.add_argument("--hypotheses", help="also write the translations here")

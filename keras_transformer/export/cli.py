@@ -8,6 +8,18 @@ import sys
 from keras_transformer.decoding import DEFAULT_ALPHA, DEFAULT_BEAM_SIZE, DEFAULT_EXTRA_LENGTH
 
 
+def translation_parser(description):
+    """The parser of an entry point that translates with a trained model or
+    a SavedModel (`translate.py`, `evaluate.py`): model and decoding
+    arguments, decoding defaults from the model."""
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_model_arguments(parser)
+    add_decoding_arguments(parser, defaults_from_model=True)
+    return parser
+
+
 def add_model_arguments(parser, saved_model=True):
     """`--run-dir`/`--checkpoint` (and `--saved-model`) to choose a model."""
     source = parser.add_mutually_exclusive_group(required=True)

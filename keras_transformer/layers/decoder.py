@@ -4,11 +4,8 @@ decoding against a fixed-shape key/value cache."""
 import keras
 from keras import ops
 
-from keras_transformer.layers.attention import MultiHeadAttention
-from keras_transformer.layers.feed_forward import PositionwiseFeedForward
-from keras_transformer.layers.layer_norm import LayerNormalization
 from keras_transformer.layers.masks import cache_mask
-from keras_transformer.layers.residual import ResidualNorm
+from keras_transformer.layers.transformer_layer import TransformerLayer, TransformerStack
 
 
 def write_cache(cache, update, step, parents=None):
@@ -32,11 +29,11 @@ def write_cache(cache, update, step, parents=None):
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class DecoderLayer(keras.layers.Layer):
+class DecoderLayer(TransformerLayer):
     """Masked self-attention, encoder-decoder attention, feed-forward network,
     each in a `ResidualNorm`.
 
-    Args: as `EncoderLayer`.
+    Args: as `TransformerLayer` (the same as `EncoderLayer`).
 
     Call arguments:
         x: `(batch, tgt_len, d_model)`.
@@ -49,48 +46,13 @@ class DecoderLayer(keras.layers.Layer):
     `(x, (self_weights, cross_weights))`.
     """
 
-    def __init__(
-        self,
-        d_model,
-        num_heads,
-        d_ff,
-        dropout=0.0,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        norm_first=False,
-        epsilon=1e-6,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.d_model = d_model
-        self.num_heads = num_heads
-        self.d_ff = d_ff
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.activation_dropout = activation_dropout
-        self.norm_first = norm_first
-        self.epsilon = epsilon
-        policy = self.dtype_policy
-        self.self_attention = MultiHeadAttention(
-            d_model, num_heads, dropout=attention_dropout, dtype=policy,
-            name="self_attention",
-        )
-        self.self_attention_block = ResidualNorm(
-            dropout, norm_first, epsilon, dtype=policy, name="self_attention_block"
-        )
-        self.cross_attention = MultiHeadAttention(
-            d_model, num_heads, dropout=attention_dropout, dtype=policy,
-            name="cross_attention",
-        )
-        self.cross_attention_block = ResidualNorm(
-            dropout, norm_first, epsilon, dtype=policy, name="cross_attention_block"
-        )
-        self.feed_forward = PositionwiseFeedForward(
-            d_model, d_ff, dropout=activation_dropout, dtype=policy, name="feed_forward"
-        )
-        self.feed_forward_block = ResidualNorm(
-            dropout, norm_first, epsilon, dtype=policy, name="feed_forward_block"
-        )
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.self_attention, self.self_attention_block = self._attention_sublayer(
+            "self_attention")
+        self.cross_attention, self.cross_attention_block = self._attention_sublayer(
+            "cross_attention")
+        self.feed_forward, self.feed_forward_block = self._feed_forward_sublayer()
 
     def build(self, x_shape, memory_shape=None):
         memory_shape = x_shape if memory_shape is None else memory_shape
@@ -114,21 +76,15 @@ class DecoderLayer(keras.layers.Layer):
 
     def _feed_forward_after_cross_attention(self, x, y, training):
         x = self.cross_attention_block.add(x, y, training=training)
-        h = self.feed_forward_block.normalize_input(x)
-        return self.feed_forward_block.add(
-            x, self.feed_forward(h, training=training), training=training
-        )
+        return self._feed_forward_residual(x, training)
 
     def call(
         self, x, memory, self_mask=None, memory_mask=None, training=None,
         return_attention_weights=False,
     ):
-        h = self.self_attention_block.normalize_input(x)
-        y, self_weights = self.self_attention(
-            h, h, h, self_mask, training=training,
-            return_attention_weights=return_attention_weights,
+        x, self_weights = self._self_attention_residual(
+            x, self_mask, training, return_attention_weights
         )
-        x = self.self_attention_block.add(x, y, training=training)
         memory_k, memory_v = self.cross_attention.project_keys_and_values(memory, memory)
         x, cross_weights = self._cross_attention_and_feed_forward(
             x, memory_k, memory_v, memory_mask, training, return_attention_weights
@@ -207,66 +163,26 @@ class DecoderLayer(keras.layers.Layer):
         y = ops.reshape(y, (rows, 1, self.d_model))
         return self._feed_forward_after_cross_attention(x, y, False), cache_k, cache_v
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            d_model=self.d_model,
-            num_heads=self.num_heads,
-            d_ff=self.d_ff,
-            dropout=self.dropout,
-            attention_dropout=self.attention_dropout,
-            activation_dropout=self.activation_dropout,
-            norm_first=self.norm_first,
-            epsilon=self.epsilon,
-        )
-        return config
-
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Decoder(keras.layers.Layer):
-    """A stack of `num_layers` `DecoderLayer`s with no weight sharing, and a
-    final LayerNorm when `norm_first`.
+class Decoder(TransformerStack):
+    """A stack of `num_layers` `DecoderLayer`s (`decoder_layers`) with no
+    weight sharing, and a final LayerNorm when `norm_first`.
+
+    Args: `num_layers` and the `DecoderLayer` arguments.
 
     Call: `x (batch, tgt_len, d_model)`, `memory (batch, src_len, d_model)`,
     masks as in `DecoderLayer` -> `(batch, tgt_len, d_model)`, or
     `(x, [(self_weights, cross_weights) per layer])`.
     """
 
-    def __init__(self, num_layers, d_model, num_heads, d_ff, dropout=0.0,
-                 attention_dropout=0.0, activation_dropout=0.0, norm_first=False,
-                 epsilon=1e-6, **kwargs):
-        super().__init__(**kwargs)
-        if num_layers <= 0:
-            raise ValueError(f"`num_layers` must be positive, received {num_layers}.")
-        self.num_layers = num_layers
-        self.layer_kwargs = dict(
-            d_model=d_model, num_heads=num_heads, d_ff=d_ff, dropout=dropout,
-            attention_dropout=attention_dropout,
-            activation_dropout=activation_dropout, norm_first=norm_first,
-            epsilon=epsilon,
-        )
-        self.decoder_layers = [
-            DecoderLayer(**self.layer_kwargs, dtype=self.dtype_policy, name=f"layer_{i}")
-            for i in range(num_layers)
-        ]
-        # Also as attributes: on TensorFlow, `tf.train.Checkpoint(model=...)`
-        # does not follow Keras's tracked lists (keras-team/keras#18398 is
-        # still open for checkpoints in Keras 3.15), so without these the
-        # stack's weights would be missing from every checkpoint.
-        for i, layer in enumerate(self.decoder_layers):
-            setattr(self, f"layer_{i}", layer)
-        self.final_norm = (
-            LayerNormalization(epsilon=epsilon, dtype=self.dtype_policy, name="final_norm")
-            if norm_first
-            else None
-        )
+    layer_class = DecoderLayer
+    layers_attribute = "decoder_layers"
 
     def build(self, x_shape, memory_shape=None):
         for layer in self.decoder_layers:
             layer.build(x_shape, memory_shape)
-        if self.final_norm is not None:
-            self.final_norm.build(x_shape)
-        self.built = True
+        self._build_final_norm(x_shape)
 
     def call(self, x, memory, self_mask=None, memory_mask=None, training=None,
              return_attention_weights=False):
@@ -274,14 +190,14 @@ class Decoder(keras.layers.Layer):
         for layer in self.decoder_layers:
             if return_attention_weights:
                 x, weights = layer(
-                    x, memory, self_mask, memory_mask, training=training,
-                    return_attention_weights=True,
+                    x, memory, self_mask=self_mask, memory_mask=memory_mask,
+                    training=training, return_attention_weights=True,
                 )
                 all_weights.append(weights)
             else:
-                x = layer(x, memory, self_mask, memory_mask, training=training)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
+                x = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask,
+                          training=training)
+        x = self._final_norm(x)
         return (x, all_weights) if return_attention_weights else x
 
     def init_cache(self, memory, max_length):
@@ -324,11 +240,4 @@ class Decoder(keras.layers.Layer):
                 parents,
             )
             new_cache.append(dict(layer_cache, key=key, value=value))
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        return x, new_cache
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(num_layers=self.num_layers, **self.layer_kwargs)
-        return config
+        return self._final_norm(x), new_cache

@@ -1,0 +1,63 @@
+"""The encoder's and decoder's common base (layers/transformer_layer.py)."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_transformer as kt
+from keras_transformer.layers import Decoder, DecoderLayer, Encoder, EncoderLayer
+
+SIZES = dict(d_model=8, num_heads=2, d_ff=12, dropout=0.2, attention_dropout=0.1,
+             activation_dropout=0.05, norm_first=True, epsilon=1e-5)
+
+
+def inputs(cls):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 3, 8)).astype("float32")
+    memory = rng.normal(size=(2, 4, 8)).astype("float32")
+    return (x, memory) if cls in (DecoderLayer, Decoder) else (x,)
+
+
+@pytest.mark.parametrize("cls, extra", [(EncoderLayer, {}), (DecoderLayer, {}),
+                                        (Encoder, dict(num_layers=2)),
+                                        (Decoder, dict(num_layers=3))])
+def test_serializes_every_argument(cls, extra):
+    layer = cls(**extra, **SIZES, name="under_test")
+    args = inputs(cls)
+    expected = layer(*args)
+    clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
+    assert type(clone) is cls
+    config = clone.get_config()
+    assert {k: config[k] for k in {**extra, **SIZES}} == {**extra, **SIZES}
+    clone(*args)
+    clone.set_weights(layer.get_weights())
+    np.testing.assert_array_equal(clone(*args), expected)
+    if "num_layers" in extra:
+        assert len(clone.weights) == len(layer.weights)
+        assert clone.final_norm is not None  # norm_first
+
+
+def test_weights_follow_the_order_the_sublayers_run():
+    # Checkpoints average, and the trainer's weights digest hashes, weights
+    # in this order: it must not move when the layers are refactored.
+    layer = DecoderLayer(**SIZES)
+    layer(*inputs(DecoderLayer))
+    sublayers = [w.path.split("/")[1] for w in layer.weights]
+    assert list(dict.fromkeys(sublayers)) == [
+        "self_attention", "self_attention_block", "cross_attention",
+        "cross_attention_block", "feed_forward", "feed_forward_block"]
+    stack = Decoder(num_layers=2, **SIZES)
+    stack(*inputs(Decoder))
+    assert list(dict.fromkeys(w.path.split("/")[1] for w in stack.weights)) == [
+        "layer_0", "layer_1", "final_norm"]
+
+
+def test_post_ln_stacks_have_no_final_norm_and_reject_empty_stacks():
+    assert Encoder(num_layers=1, **dict(SIZES, norm_first=False)).final_norm is None
+    with pytest.raises(ValueError, match="`num_layers` must be positive, received 0"):
+        Decoder(num_layers=0, **SIZES)
+
+
+def test_stack_layers_are_attributes_for_tensorflow_checkpoints():
+    stack = kt.layers.Encoder(num_layers=2, **SIZES)
+    assert [stack.layer_0, stack.layer_1] == stack.encoder_layers
