@@ -95,6 +95,23 @@ def test_multi_head_attention_validates_and_serializes():
     assert (clone.d_model, clone.num_heads, clone.dropout) == (8, 2, 0.1)
 
 
+def test_mask_by_keyword_is_an_attention_mask_not_a_keras_mask():
+    # Keras reads `mask=` as the input's Keras mask: without `compute_mask`
+    # it warns that the layer "will destroy the mask information".
+    import warnings
+
+    layer = MultiHeadAttention(8, 2)
+    x = np.random.default_rng(0).normal(size=(2, 3, 8)).astype("float32")
+    mask = np.array([True, True, False])[None, None, None, :]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        by_keyword, weights = layer(x, x, x, mask=mask)
+        positional, _ = layer(x, x, x, mask)
+    np.testing.assert_array_equal(by_keyword, positional)
+    np.testing.assert_array_equal(np.asarray(weights)[..., 2], 0.0)
+    assert getattr(by_keyword, "_keras_mask", None) is None
+
+
 def test_masks_mean_visible():
     ids = np.array([[5, 6, 0, 0]])
     np.testing.assert_array_equal(padding_mask(ids, 0)[0, 0, 0], [True, True, False, False])

@@ -52,6 +52,26 @@ def test_weights_follow_the_order_the_sublayers_run():
         "layer_0", "layer_1", "final_norm"]
 
 
+@pytest.mark.parametrize("cls", [Encoder, Decoder])
+def test_stacks_take_masks_or_none_without_warnings(cls):
+    import warnings
+
+    stack = cls(num_layers=2, **SIZES)
+    args = inputs(cls)
+    keys = args[-1].shape[1]
+    mask = np.arange(keys)[None, None, None, :] < np.array([keys, 2])[:, None, None, None]
+    masks = dict(mask=mask) if cls is Encoder else dict(memory_mask=mask)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        unmasked = np.asarray(stack(*args))
+        masked = np.asarray(stack(*args, **masks))
+        if cls is Encoder:  # as the Transformer calls it, and one layer
+            np.testing.assert_array_equal(stack(args[0], mask), masked)
+            stack.encoder_layers[0](args[0], mask=mask)
+    np.testing.assert_array_equal(masked[0], unmasked[0])  # row 0 masks nothing
+    assert not np.allclose(masked[1], unmasked[1])
+
+
 def test_post_ln_stacks_have_no_final_norm_and_reject_empty_stacks():
     assert Encoder(num_layers=1, **dict(SIZES, norm_first=False)).final_norm is None
     with pytest.raises(ValueError, match="`num_layers` must be positive, received 0"):

@@ -15,6 +15,7 @@ from keras import ops
 
 from keras_transformer.layers.dense import Dense
 from keras_transformer.layers.dropout import Dropout
+from keras_transformer.layers.masks import TakesAttentionMask
 
 # Softmax runs in float32 even under a mixed-precision policy; this is a large
 # finite negative for float32 (not -inf, so that a fully masked row gives a
@@ -61,7 +62,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, dropout=None, training=None
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class MultiHeadAttention(keras.layers.Layer):
+class MultiHeadAttention(TakesAttentionMask, keras.layers.Layer):
     """Multi-head attention, paper section 3.2.2.
 
     MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O with

@@ -62,6 +62,8 @@ class Encoder(TransformerStack):
     def call(self, x, mask=None, training=None, return_attention_weights=False):
         all_weights = []
         for layer in self.encoder_layers:
+            # `mask=` by keyword: a positional None would clash with the
+            # Keras mask that Keras passes to a `mask` argument left None.
             if return_attention_weights:
                 x, weights = layer(x, mask=mask, training=training,
                                    return_attention_weights=True)

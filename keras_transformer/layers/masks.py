@@ -6,6 +6,20 @@ All masks here are boolean and broadcast to `(batch, heads, q_len, k_len)`.
 from keras import ops
 
 
+class TakesAttentionMask:
+    """Mixin for a layer whose `mask` call argument is an attention mask (as
+    below), not a Keras mask over its input's positions.
+
+    Keras treats a `mask=` keyword as the input's Keras mask, and warns that
+    a layer without `compute_mask` "will destroy the mask information".
+    Overriding `compute_mask` declares the argument taken: no warning, and
+    no mask attached to the output (its shape is not a Keras mask's).
+    """
+
+    def compute_mask(self, inputs, previous_mask=None):
+        return None
+
+
 def padding_mask(ids, pad_id):
     """Hides padded keys.
 
