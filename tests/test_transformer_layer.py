@@ -4,7 +4,6 @@ import keras
 import numpy as np
 import pytest
 
-import keras_transformer as kt
 from keras_transformer.layers import Decoder, DecoderLayer, Encoder, EncoderLayer
 
 SIZES = dict(d_model=8, num_heads=2, d_ff=12, dropout=0.2, attention_dropout=0.1,
@@ -79,5 +78,5 @@ def test_post_ln_stacks_have_no_final_norm_and_reject_empty_stacks():
 
 
 def test_stack_layers_are_attributes_for_tensorflow_checkpoints():
-    stack = kt.layers.Encoder(num_layers=2, **SIZES)
+    stack = Encoder(num_layers=2, **SIZES)
     assert [stack.layer_0, stack.layer_1] == stack.encoder_layers

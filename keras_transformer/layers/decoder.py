@@ -180,9 +180,7 @@ class Decoder(TransformerStack):
     layers_attribute = "decoder_layers"
 
     def build(self, x_shape, memory_shape=None):
-        for layer in self.decoder_layers:
-            layer.build(x_shape, memory_shape)
-        self._build_final_norm(x_shape)
+        self._build_stack(x_shape, memory_shape)
 
     def call(self, x, memory, self_mask=None, memory_mask=None, training=None,
              return_attention_weights=False):

@@ -55,9 +55,7 @@ class Encoder(TransformerStack):
     layers_attribute = "encoder_layers"
 
     def build(self, x_shape):
-        for layer in self.encoder_layers:
-            layer.build(x_shape)
-        self._build_final_norm(x_shape)
+        self._build_stack(x_shape)
 
     def call(self, x, mask=None, training=None, return_attention_weights=False):
         all_weights = []

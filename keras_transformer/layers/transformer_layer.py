@@ -147,7 +147,12 @@ class TransformerStack(TakesAttentionMask, keras.layers.Layer):
             else None
         )
 
-    def _build_final_norm(self, x_shape):
+    def _build_stack(self, x_shape, *layer_shapes):
+        """Builds every layer with `(x_shape, *layer_shapes)`, then the
+        final norm; the subclasses' `build` names the shapes (Keras passes
+        them by the names of `call`'s arguments)."""
+        for layer in getattr(self, self.layers_attribute):
+            layer.build(x_shape, *layer_shapes)
         if self.final_norm is not None:
             self.final_norm.build(x_shape)
         self.built = True
