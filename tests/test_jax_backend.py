@@ -86,6 +86,13 @@ BENCHMARK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file_
                          "benchmarks", "jax_benchmark.py")
 
 
+def test_keras_masks_are_padding_masks_on_jax(jax_report):
+    result = jax_report["keras_masks"]
+    assert max(result["encoder_eager"], result["decoder_eager"],
+               result["decoder_functional"]) < 1e-6
+    assert result["encoder_output_mask_kept"]
+
+
 def test_jax_benchmark_reports_throughput_and_utilisation(jax_python, tmp_path):
     """benchmarks/jax_benchmark.py (GPU hosts without TensorFlow) runs each
     config x precision in its own process and reports issue 5's figures."""

@@ -5,6 +5,12 @@ import numpy as np
 import pytest
 
 from keras_transformer.layers import Decoder, DecoderLayer, Encoder, EncoderLayer
+from keras_transformer.layers.dropout import Dropout
+from keras_transformer.layers.feed_forward import PositionwiseFeedForward
+from keras_transformer.layers.layer_norm import LayerNormalization
+from keras_transformer.layers.masks import keras_mask, padding_mask
+from keras_transformer.layers.residual import ResidualNorm
+from tests import keras_masks
 
 SIZES = dict(d_model=8, num_heads=2, d_ff=12, dropout=0.2, attention_dropout=0.1,
              activation_dropout=0.05, norm_first=True, epsilon=1e-5)
@@ -69,6 +75,67 @@ def test_stacks_take_masks_or_none_without_warnings(cls):
             stack.encoder_layers[0](args[0], mask=mask)
     np.testing.assert_array_equal(masked[0], unmasked[0])  # row 0 masks nothing
     assert not np.allclose(masked[1], unmasked[1])
+
+
+def test_keras_masks_are_padding_masks_in_the_stacks():
+    # Embedding(mask_zero=True) -> Encoder -> Decoder with no masks passed:
+    # Keras hands the stacks `(batch, len)` masks, which must mean what the
+    # explicit padding masks mean, eagerly and in a functional model.
+    result = keras_masks.differences_from_explicit_masks(keras_masks.SOURCES,
+                                                         keras_masks.TARGETS)
+    assert result["encoder_eager"] < 1e-6
+    assert result["decoder_eager"] < 1e-6
+    assert result["decoder_functional"] < 1e-6
+    assert result["encoder_output_mask_kept"]
+
+
+@pytest.mark.parametrize("batch", [3, 2])  # batch == src_len broadcast silently
+def test_keras_masks_are_padding_masks_in_single_layers(batch):
+    # Pre-LN (SIZES): the masked input reaches the norm, dropout and
+    # feed-forward sub-layers too, which pass Keras masks on rather than
+    # warning that they destroy them.
+    import warnings
+
+    ids = keras_masks.SOURCES[:batch]
+    embedding = keras.layers.Embedding(10, 8, mask_zero=True)
+    x = embedding(ids)
+    plain = keras.ops.convert_to_tensor(np.asarray(x))
+    mask = padding_mask(ids, keras_masks.PAD)
+    encoder_layer = EncoderLayer(**dict(SIZES, dropout=0.0))
+    decoder_layer = DecoderLayer(**dict(SIZES, dropout=0.0))
+    target = np.ones((batch, 2, 8), "float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        encoded = encoder_layer(x)
+        decoded = decoder_layer(target, x)
+    np.testing.assert_allclose(encoded, encoder_layer(plain, mask=mask), atol=1e-6)
+    np.testing.assert_array_equal(keras_mask(encoded), ids != keras_masks.PAD)
+    np.testing.assert_allclose(decoded, decoder_layer(target, plain, memory_mask=mask), atol=1e-6)
+
+
+@pytest.mark.parametrize("make, extra", [
+    (lambda: LayerNormalization(), ()),
+    (lambda: Dropout(0.5), ()),
+    (lambda: PositionwiseFeedForward(8, 12), ()),
+    (lambda: ResidualNorm(0.1), (np.ones((2, 3, 8), "float32"),)),
+])
+def test_position_wise_sublayers_keep_keras_masks(make, extra):
+    import warnings
+
+    ids = keras_masks.SOURCES[:2]
+    x = keras.layers.Embedding(10, 8, mask_zero=True)(ids)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = make()(x, *extra, training=True)
+    np.testing.assert_array_equal(keras_mask(y), ids != keras_masks.PAD)
+
+
+def test_a_two_dimensional_mask_of_other_sizes_is_rejected():
+    x = np.zeros((2, 3, 8), "float32")
+    with pytest.raises(ValueError, match=r"\(batch, k_len\)` = \(2, 3\).*received shape \(3, 3\)"):
+        Encoder(num_layers=1, **SIZES)(x, mask=np.ones((3, 3), bool))
+    with pytest.raises(ValueError, match="Keras mask over the keys' positions"):
+        DecoderLayer(**SIZES)(x, x[:, :2], memory_mask=np.ones((2, 3), bool))
 
 
 def test_post_ln_stacks_have_no_final_norm_and_reject_empty_stacks():

@@ -4,7 +4,7 @@ decoding against a fixed-shape key/value cache."""
 import keras
 from keras import ops
 
-from keras_transformer.layers.masks import cache_mask
+from keras_transformer.layers.masks import attention_mask_for, cache_mask
 from keras_transformer.layers.transformer_layer import TransformerLayer, TransformerStack
 
 
@@ -39,11 +39,13 @@ class DecoderLayer(TransformerLayer):
         x: `(batch, tgt_len, d_model)`.
         memory: encoder output `(batch, src_len, d_model)`.
         self_mask: broadcastable to `(batch, 1, tgt_len, tgt_len)` (causal).
-        memory_mask: `(batch, 1, 1, src_len)`, True = real source token.
+        memory_mask: `(batch, 1, 1, src_len)`, True = real source token;
+            or a Keras mask `(batch, src_len)`. Left None, Keras passes
+            `memory`'s own Keras mask, if any (`masks.attention_mask_for`).
         return_attention_weights: also return `(self_weights, cross_weights)`.
 
     Returns: `x` of shape `(batch, tgt_len, d_model)`, or
-    `(x, (self_weights, cross_weights))`.
+    `(x, (self_weights, cross_weights))`; `x` keeps the input's Keras mask.
     """
 
     def __init__(self, *args, **kwargs):
@@ -82,6 +84,7 @@ class DecoderLayer(TransformerLayer):
         self, x, memory, self_mask=None, memory_mask=None, training=None,
         return_attention_weights=False,
     ):
+        memory_mask = attention_mask_for(memory, memory_mask)
         x, self_weights = self._self_attention_residual(
             x, self_mask, training, return_attention_weights
         )

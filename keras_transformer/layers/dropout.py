@@ -111,6 +111,9 @@ class Dropout(keras.layers.Layer):
 
     def __init__(self, rate, seed=None, **kwargs):
         super().__init__(**kwargs)
+        # Position-wise: an input's Keras mask holds for the output too (as
+        # for Keras's own Dense, Dropout and LayerNormalization).
+        self.supports_masking = True
         if not 0.0 <= rate < 1.0:
             raise ValueError(f"`rate` must be in [0, 1), received {rate}.")
         self.rate = rate

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_transformer.layers.masks import attention_mask_for
 from keras_transformer.layers.transformer_layer import TransformerLayer, TransformerStack
 
 
@@ -14,10 +15,13 @@ class EncoderLayer(TransformerLayer):
 
     Call arguments:
         x: `(batch, src_len, d_model)`.
-        mask: `(batch, 1, 1, src_len)` boolean, True = real token.
+        mask: `(batch, 1, 1, src_len)` boolean, True = real token; or a
+            Keras mask `(batch, src_len)`. Left None, Keras passes `x`'s
+            own Keras mask, if any (`masks.attention_mask_for`).
         return_attention_weights: also return `(batch, heads, src_len, src_len)`.
 
-    Returns: `x` of the same shape, or `(x, weights)`.
+    Returns: `x` of the same shape, or `(x, weights)`; `x` keeps the
+    input's Keras mask.
     """
 
     def __init__(self, *args, **kwargs):
@@ -34,6 +38,7 @@ class EncoderLayer(TransformerLayer):
         self.built = True
 
     def call(self, x, mask=None, training=None, return_attention_weights=False):
+        mask = attention_mask_for(x, mask)
         x, weights = self._self_attention_residual(x, mask, training, return_attention_weights)
         x = self._feed_forward_residual(x, training)
         return (x, weights) if return_attention_weights else x

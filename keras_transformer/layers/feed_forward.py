@@ -22,6 +22,9 @@ class PositionwiseFeedForward(keras.layers.Layer):
 
     def __init__(self, d_model, d_ff, activation="relu", dropout=0.0, **kwargs):
         super().__init__(**kwargs)
+        # Position-wise: an input's Keras mask holds for the output too (as
+        # for Keras's own Dense, Dropout and LayerNormalization).
+        self.supports_masking = True
         if d_model <= 0 or d_ff <= 0:
             raise ValueError(
                 f"`d_model` and `d_ff` must be positive, received {d_model}, {d_ff}."

@@ -109,6 +109,9 @@ class LayerNormalization(keras.layers.Layer):
 
     def __init__(self, epsilon=1e-6, **kwargs):
         super().__init__(**kwargs)
+        # Position-wise: an input's Keras mask holds for the output too (as
+        # for Keras's own Dense, Dropout and LayerNormalization).
+        self.supports_masking = True
         if not epsilon > 0:
             raise ValueError(f"`epsilon` must be > 0, received {epsilon}.")
         self.epsilon = epsilon

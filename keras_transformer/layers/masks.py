@@ -20,6 +20,62 @@ class TakesAttentionMask:
         return None
 
 
+class PassesKerasMask(TakesAttentionMask):
+    """`TakesAttentionMask` for a layer with one output position per
+    position of its first input (the encoder and decoder layers and
+    stacks): that input's Keras mask, if any, is attached to the output, as
+    Keras's own sequence layers do. The layer reads Keras masks that Keras
+    passes it through `attention_mask_for`.
+    """
+
+    def compute_mask(self, inputs, previous_mask=None):
+        return keras_mask(inputs)
+
+
+def keras_mask(tensor):
+    """The Keras mask attached to `tensor` (e.g. by
+    `keras.layers.Embedding(mask_zero=True)`): `(batch, len)` boolean, True
+    = real position; or None."""
+    try:
+        from keras.src.backend import get_keras_mask
+    except ImportError:  # Keras versions that keep it only as an attribute
+        return getattr(tensor, "_keras_mask", None)
+    return get_keras_mask(tensor)
+
+
+def attention_mask_for(keys, mask):
+    """`mask` for attention over `keys` `(batch, k_len, d)`: a 2-D mask is
+    a Keras mask over the keys' positions and becomes the padding mask
+    `(batch, 1, 1, k_len)`; any other mask is returned as it is.
+
+    Where a layer's `mask` argument (one tensor input) or `<input>_mask`
+    argument (several) is left None, Keras fills it with that input's Keras
+    mask, `(batch, k_len)`, True = real position (e.g. from
+    `keras.layers.Embedding(mask_zero=True)`). Taken as an attention mask,
+    it would broadcast as `(q_len, k_len)`: wrong results where `batch ==
+    k_len`, an obscure broadcasting error elsewhere.
+
+    Raises:
+        ValueError: a 2-D mask whose known sizes are not `(batch, k_len)`.
+    """
+    if mask is None:
+        return None
+    if not hasattr(mask, "shape"):
+        mask = ops.convert_to_tensor(mask)
+    if len(mask.shape) != 2:
+        return mask
+    expected = tuple(keys.shape[:2])
+    if any(got is not None and want is not None and got != want
+           for got, want in zip(mask.shape, expected)):
+        raise ValueError(
+            f"A 2-D attention mask is a Keras mask over the keys' positions, "
+            f"`(batch, k_len)` = {expected} for keys of shape {tuple(keys.shape)}; "
+            f"received shape {tuple(mask.shape)}. Pass a pattern over positions "
+            f"as `(1, 1, q_len, k_len)`."
+        )
+    return ops.expand_dims(ops.cast(mask, "bool"), axis=(1, 2))
+
+
 def padding_mask(ids, pad_id):
     """Hides padded keys.
 

@@ -32,6 +32,9 @@ class ResidualNorm(keras.layers.Layer):
 
     def __init__(self, dropout=0.0, norm_first=False, epsilon=1e-6, **kwargs):
         super().__init__(**kwargs)
+        # Position-wise: an input's Keras mask holds for the output too (as
+        # for Keras's own Dense, Dropout and LayerNormalization).
+        self.supports_masking = True
         self.dropout = dropout
         self.norm_first = norm_first
         self.epsilon = epsilon

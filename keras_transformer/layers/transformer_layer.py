@@ -6,11 +6,11 @@ import keras
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 from keras_transformer.layers.layer_norm import LayerNormalization
-from keras_transformer.layers.masks import TakesAttentionMask
+from keras_transformer.layers.masks import PassesKerasMask
 from keras_transformer.layers.residual import ResidualNorm
 
 
-class TransformerLayer(TakesAttentionMask, keras.layers.Layer):
+class TransformerLayer(PassesKerasMask, keras.layers.Layer):
     """Base of `EncoderLayer` and `DecoderLayer`: their sizes, their residual
     sub-layers, and their config.
 
@@ -105,7 +105,7 @@ class TransformerLayer(TakesAttentionMask, keras.layers.Layer):
         return config
 
 
-class TransformerStack(TakesAttentionMask, keras.layers.Layer):
+class TransformerStack(PassesKerasMask, keras.layers.Layer):
     """Base of `Encoder` and `Decoder`: `num_layers` layers of
     `layer_class` with no weight sharing, in the list attribute named
     `layers_attribute`, and a final LayerNorm when `norm_first` (pre-LN

@@ -128,5 +128,13 @@ history = dropout_model.fit((source, target_in), target, batch_size=4, epochs=20
 report["dropout_fit_first_loss"] = float(history.history["loss"][0])
 report["dropout_fit_last_loss"] = float(history.history["loss"][-1])
 
+# Keras masks (Embedding(mask_zero=True) -> Encoder -> Decoder, no masks
+# passed) mean what explicit padding masks mean, eagerly and functionally.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import keras_masks  # noqa: E402  (tests/keras_masks.py)
+
+report["keras_masks"] = keras_masks.differences_from_explicit_masks(keras_masks.SOURCES,
+                                                                   keras_masks.TARGETS)
+
 report["tensorflow_imported"] = "tensorflow" in sys.modules
 print(json.dumps(report))
