@@ -1,5 +1,7 @@
 """The encoder's and decoder's common base (layers/transformer_layer.py)."""
 
+import inspect
+
 import keras
 import numpy as np
 import pytest
@@ -40,6 +42,8 @@ def test_serializes_every_argument(cls, extra):
     if "num_layers" in extra:
         assert len(clone.weights) == len(layer.weights)
         assert clone.final_norm is not None  # norm_first
+    # The arguments are in the signature (help(), IDEs), not behind *args.
+    assert set(inspect.signature(cls).parameters) >= set(extra) | set(SIZES)
 
 
 def test_weights_follow_the_order_the_sublayers_run():

@@ -48,8 +48,7 @@ class DecoderLayer(TransformerLayer):
     `(x, (self_weights, cross_weights))`; `x` keeps the input's Keras mask.
     """
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def _create_sublayers(self):
         self.self_attention, self.self_attention_block = self._attention_sublayer(
             "self_attention")
         self.cross_attention, self.cross_attention_block = self._attention_sublayer(

@@ -24,8 +24,7 @@ class EncoderLayer(TransformerLayer):
     input's Keras mask.
     """
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def _create_sublayers(self):
         self.self_attention, self.self_attention_block = self._attention_sublayer(
             "self_attention")
         self.feed_forward, self.feed_forward_block = self._feed_forward_sublayer()

@@ -44,11 +44,17 @@ class TransformerLayer(PassesKerasMask, keras.layers.Layer):
         self.activation_dropout = activation_dropout
         self.norm_first = norm_first
         self.epsilon = epsilon
+        self._create_sublayers()
+
+    def _create_sublayers(self):
+        """Assigns the subclass's sub-layers to attributes, in the order
+        they run (the order of `self.weights`): called at the end of
+        `__init__`, so subclasses keep this constructor and its signature."""
+        raise NotImplementedError
 
     def _attention_sublayer(self, name):
         """A `MultiHeadAttention` named `name` and its `ResidualNorm`,
-        `name + "_block"`. Subclasses assign both to attributes in the order
-        the sub-layers run: that order is the order of `self.weights`."""
+        `name + "_block"`."""
         return (
             MultiHeadAttention(
                 self.d_model, self.num_heads, dropout=self.attention_dropout,
