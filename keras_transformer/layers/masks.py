@@ -1,6 +1,8 @@
 """Attention masks (paper sections 3.1 and 3.2.3). True = may attend.
 
-All masks here are boolean and broadcast to `(batch, heads, q_len, k_len)`.
+All masks here are boolean and broadcast to `(batch, heads, q_len, k_len)`;
+Keras's own masks over a sequence's positions, `(batch, len)`, become such
+masks in `attention_mask_for`.
 """
 
 from keras import ops
