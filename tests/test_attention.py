@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from keras_transformer.layers import MultiHeadAttention, scaled_dot_product_attention
-from keras_transformer.layers.masks import cache_mask, causal_mask, padding_mask
+from keras_transformer.layers.masks import cache_mask, causal_mask, keras_mask, padding_mask
 
 
 def test_scaled_dot_product_attention_matches_numpy():
@@ -109,7 +109,7 @@ def test_mask_by_keyword_is_an_attention_mask_not_a_keras_mask():
         positional, _ = layer(x, x, x, mask)
     np.testing.assert_array_equal(by_keyword, positional)
     np.testing.assert_array_equal(np.asarray(weights)[..., 2], 0.0)
-    assert getattr(by_keyword, "_keras_mask", None) is None
+    assert keras_mask(by_keyword) is None
 
 
 def test_masks_mean_visible():

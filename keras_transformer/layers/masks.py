@@ -7,6 +7,12 @@ masks in `attention_mask_for`.
 
 from keras import ops
 
+try:
+    from keras.src.backend import get_keras_mask as _get_keras_mask
+except ImportError:  # Keras versions that keep it only as an attribute
+    def _get_keras_mask(tensor):
+        return getattr(tensor, "_keras_mask", None)
+
 
 class TakesAttentionMask:
     """Mixin for a layer whose `mask` call argument is an attention mask (as
@@ -37,12 +43,9 @@ class PassesKerasMask(TakesAttentionMask):
 def keras_mask(tensor):
     """The Keras mask attached to `tensor` (e.g. by
     `keras.layers.Embedding(mask_zero=True)`): `(batch, len)` boolean, True
-    = real position; or None."""
-    try:
-        from keras.src.backend import get_keras_mask
-    except ImportError:  # Keras versions that keep it only as an attribute
-        return getattr(tensor, "_keras_mask", None)
-    return get_keras_mask(tensor)
+    = real position; or None. (Keras keeps it as an attribute of the tensor,
+    or beside it where the backend's arrays take no attributes, e.g. JAX.)"""
+    return _get_keras_mask(tensor)
 
 
 def attention_mask_for(keys, mask):
