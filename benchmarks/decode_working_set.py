@@ -1,0 +1,156 @@
+"""What a decoding step's matmuls cost against how many bytes of weights
+they read: the step's products, in the shapes of a config's decoder and tied
+output projection, run in one XLA loop of `--steps` steps, for growing parts
+of the step.
+
+    python benchmarks/decode_working_set.py              # bench config, 4 rows
+    python benchmarks/decode_working_set.py --rows 128   # the bench batch (32 x beam 4)
+
+One sentence at beam 4 multiplies 4 rows a step (a latency request), so each
+product reads its whole weight for a little arithmetic, and a step reads all
+the decoder's weights and the table (~19 MB in float32 for the bench
+configuration). Each part is its own compiled loop with its own weights:
+the first decoder layer, the first two, ..., all of them, the output
+projection alone, and the whole step (all layers and the projection), and
+the whole step once more with one row (XLA:CPU emits a one-row product as
+its own matrix-vector kernel, not a call into Eigen). The parts alternate in
+rounds, in one process, so drift in the machine's speed reaches all alike.
+Per part: the median time per loop, per product, the weights' bytes
+read per second and the products' float operations per second. `penalty` compares the whole step with its parts: its time
+over the sum of the layers' (each layer taken as the first one's) and the
+projection's. Near 1 the parts cost the same together; well above 1, the
+step's weights no longer stay in the caches between steps.
+
+A layer's products keep the step's dependencies: W^Q, W^K and W^V of
+self-attention from one input, then W^O; the cross-attention's W^Q and W^O
+(its keys and values are computed once per search); the feed-forward
+layer's two. The projection is `(E x^T)^T`, as `TokenEmbedding.logits`
+computes it outside training. Attention itself and the cache are left out:
+only the products' weights are timed.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __name__ == "__main__":
+    from training import fast_malloc
+
+    fast_malloc.apply()
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from benchmarks.bench_config import make_config  # noqa: E402
+
+
+def layer_shapes(config):
+    """One decoder layer's weight shapes, `(in, out)`, in the order the step
+    multiplies by them: self-attention Q, K, V, O; cross-attention Q, O;
+    the feed-forward layer's inner and outer."""
+    d, f = config.d_model, config.d_ff
+    return [(d, d)] * 6 + [(d, f), (f, d)]
+
+
+class StepPart:
+    """`layers` decoder layers, then the tied projection if `projection`,
+    as one compiled loop of `steps` steps on `rows` rows of float32."""
+
+    def __init__(self, config, layers, projection, rows, steps, seed):
+        rng = np.random.default_rng(seed)
+
+        def weight(rows_in, cols):
+            scaled = rng.standard_normal((rows_in, cols)) / np.sqrt(rows_in)
+            return tf.Variable(scaled.astype("float32"))
+
+        self.layers = [[weight(*s) for s in layer_shapes(config)] for _ in range(layers)]
+        self.table = (weight(config.vocab_size, config.d_model) if projection else None)
+        self.products = 8 * layers + bool(projection)
+        self.bytes = 4 * (sum(int(np.prod(w.shape)) for ws in self.layers for w in ws)
+                          + (int(np.prod(self.table.shape)) if projection else 0))
+        self.rows, self.steps = rows, steps
+        self.x = tf.constant(rng.standard_normal((rows, config.d_model)).astype("float32"))
+        self.run = tf.function(self._loop, jit_compile=True)
+
+    def _step(self, x):
+        h = x
+        for wq, wk, wv, wo, cq, co, w1, w2 in self.layers:
+            h = tf.tanh(tf.tanh(h @ wq + h @ wk + h @ wv) @ wo)
+            h = tf.tanh(tf.tanh(h @ cq) @ co)
+            h = tf.tanh(tf.nn.relu(h @ w1) @ w2)
+        if self.table is not None:
+            logits = tf.transpose(tf.matmul(self.table, h, transpose_b=True))
+            h = tf.tanh(logits[:, : h.shape[1]])
+        return x + 1e-3 * h
+
+    def _loop(self, x):
+        return tf.while_loop(lambda i, x: i < self.steps,
+                             lambda i, x: (i + 1, self._step(x)), (0, x))[1]
+
+    def time(self, repeats):
+        """Median seconds of `repeats` loops."""
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            self.run(self.x).numpy()
+            times.append(time.perf_counter() - start)
+        return float(np.median(times))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="bench", help="'bench' or a preset name")
+    parser.add_argument("--rows", type=int, default=4,
+                        help="rows per product (sentences x beam; 4: one sentence at beam 4)")
+    parser.add_argument("--steps", type=int, default=34,
+                        help="steps per loop (34: a 24-token source, extra length 10)")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=8, help="loops per part per round")
+    args = parser.parse_args(argv)
+    for name in ("rows", "steps", "rounds", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+
+    config = make_config(args.config)
+    n = config.num_layers
+    parts = {}
+    for k in range(1, n + 1):
+        parts[f"layers 1-{k}" if k > 1 else "layer 1"] = (k, False, args.rows)
+    parts["projection"] = (0, True, args.rows)
+    parts["whole step"] = (n, True, args.rows)
+    if args.rows != 1:
+        parts["whole step, 1 row"] = (n, True, 1)
+    parts = {name: StepPart(config, *spec, steps=args.steps, seed=i)
+             for i, (name, spec) in enumerate(parts.items())}
+    for part in parts.values():  # compile and warm up
+        part.run(part.x).numpy()
+
+    times = {name: [] for name in parts}
+    for _ in range(args.rounds):
+        for name, part in parts.items():
+            times[name].append(part.time(args.repeats))
+
+    print(f"{args.config}: {args.rows} rows, {args.steps} steps a loop, "
+          f"median of {args.rounds} rounds of {args.repeats} loops")
+    print(f"{'part':18} {'weights MB':>10} {'ms/loop':>8} {'us/product':>10} {'GB/s':>6} "
+          f"{'GFLOP/s':>7}  rounds (ms)")
+    median = {}
+    for name, part in parts.items():
+        median[name] = float(np.median(times[name]))
+        per_product = median[name] / args.steps / part.products
+        rate = part.bytes * args.steps / median[name]
+        flops = 2 * part.rows * (part.bytes // 4) * args.steps / median[name]
+        print(f"{name:18} {part.bytes / 1e6:10.2f} {median[name] * 1e3:8.2f} "
+              f"{per_product * 1e6:10.1f} {rate / 1e9:6.1f} {flops / 1e9:7.1f}  "
+              + " ".join(f"{t * 1e3:.1f}" for t in times[name]))
+    parts_sum = n * median["layer 1"] + median["projection"]
+    print(f"penalty {median['whole step'] / parts_sum:.2f} "
+          f"(whole step {median['whole step'] * 1e3:.2f} ms over {n} x layer 1 "
+          f"+ projection {parts_sum * 1e3:.2f} ms)")
+
+
+if __name__ == "__main__":
+    main()
