@@ -67,7 +67,7 @@ class StepPart:
             return tf.Variable(scaled.astype("float32"))
 
         self.layers = [[weight(*s) for s in layer_shapes(config)] for _ in range(layers)]
-        self.table = (weight(config.vocab_size, config.d_model) if projection else None)
+        self.table = weight(config.vocab_size, config.d_model) if projection else None
         self.products = 8 * layers + bool(projection)
         self.bytes = 4 * (sum(int(np.prod(w.shape)) for ws in self.layers for w in ws)
                           + (int(np.prod(self.table.shape)) if projection else 0))
@@ -76,6 +76,9 @@ class StepPart:
         self.run = tf.function(self._loop, jit_compile=True)
 
     def _step(self, x):
+        # tanh keeps the values bounded over the loop; each product's input
+        # is the previous one's output, so XLA can neither drop nor reorder
+        # them. The elementwise work is small beside the products.
         h = x
         for wq, wk, wv, wo, cq, co, w1, w2 in self.layers:
             h = tf.tanh(tf.tanh(h @ wq + h @ wk + h @ wv) @ wo)
