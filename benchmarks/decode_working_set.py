@@ -16,7 +16,9 @@ the whole step once more with one row (XLA:CPU emits a one-row product as
 its own matrix-vector kernel, not a call into Eigen). The parts alternate in
 rounds, in one process, so drift in the machine's speed reaches all alike.
 Per part: the median time per loop, per product, the weights' bytes
-read per second and the products' float operations per second. `penalty` compares the whole step with its parts: its time
+read per second and the products' float operations per second. A round
+times each part's `--repeats` loops and takes their mean (`benchmark.py`'s
+`time_rounds`). `penalty` compares the whole step with its parts: its time
 over the sum of the layers' (each layer taken as the first one's) and the
 projection's. Near 1 the parts cost the same together; well above 1, the
 step's weights no longer stay in the caches between steps.
@@ -32,7 +34,6 @@ only the products' weights are timed.
 import argparse
 import os
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -45,6 +46,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from benchmarks.bench_config import make_config  # noqa: E402
+from benchmarks.benchmark import time_rounds  # noqa: E402
 
 
 def layer_shapes(config):
@@ -68,9 +70,10 @@ class StepPart:
 
         self.layers = [[weight(*s) for s in layer_shapes(config)] for _ in range(layers)]
         self.table = weight(config.vocab_size, config.d_model) if projection else None
-        self.products = 8 * layers + bool(projection)
-        self.bytes = 4 * (sum(int(np.prod(w.shape)) for ws in self.layers for w in ws)
-                          + (int(np.prod(self.table.shape)) if projection else 0))
+        weights = [w for ws in self.layers for w in ws] + ([self.table] if projection else [])
+        self.products = len(weights)
+        self.parameters = sum(int(np.prod(w.shape)) for w in weights)
+        self.bytes = 4 * self.parameters
         self.rows, self.steps = rows, steps
         self.x = tf.constant(rng.standard_normal((rows, config.d_model)).astype("float32"))
         self.run = tf.function(self._loop, jit_compile=True)
@@ -92,15 +95,6 @@ class StepPart:
     def _loop(self, x):
         return tf.while_loop(lambda i, x: i < self.steps,
                              lambda i, x: (i + 1, self._step(x)), (0, x))[1]
-
-    def time(self, repeats):
-        """Median seconds of `repeats` loops."""
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            self.run(self.x).numpy()
-            times.append(time.perf_counter() - start)
-        return float(np.median(times))
 
 
 def main(argv=None):
@@ -128,13 +122,9 @@ def main(argv=None):
         parts["whole step, 1 row"] = (n, True, 1)
     parts = {name: StepPart(config, *spec, steps=args.steps, seed=i)
              for i, (name, spec) in enumerate(parts.items())}
-    for part in parts.values():  # compile and warm up
-        part.run(part.x).numpy()
-
-    times = {name: [] for name in parts}
-    for _ in range(args.rounds):
-        for name, part in parts.items():
-            times[name].append(part.time(args.repeats))
+    times = time_rounds({name: (lambda part=part: part.run(part.x).numpy())
+                         for name, part in parts.items()},
+                        rounds=args.rounds, warmup=1, repeats=args.repeats)
 
     print(f"{args.config}: {args.rows} rows, {args.steps} steps a loop, "
           f"median of {args.rounds} rounds of {args.repeats} loops")
@@ -145,7 +135,7 @@ def main(argv=None):
         median[name] = float(np.median(times[name]))
         per_product = median[name] / args.steps / part.products
         rate = part.bytes * args.steps / median[name]
-        flops = 2 * part.rows * (part.bytes // 4) * args.steps / median[name]
+        flops = 2 * part.rows * part.parameters * args.steps / median[name]
         print(f"{name:18} {part.bytes / 1e6:10.2f} {median[name] * 1e3:8.2f} "
               f"{per_product * 1e6:10.1f} {rate / 1e9:6.1f} {flops / 1e9:7.1f}  "
               + " ".join(f"{t * 1e3:.1f}" for t in times[name]))
