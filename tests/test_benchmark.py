@@ -83,3 +83,50 @@ def test_search_profile_breaks_thunk_time_down_by_kind():
     # total to 0.1 ms, each kind to 0.01 ms), so their sums may differ by
     # that much and no more.
     assert sum(kinds.values()) <= total + 0.05 + 0.005 * len(kinds)
+
+
+def test_training_profile_splits_thread_time_into_groups_and_kinds():
+    from benchmarks import profile_train
+
+    # Event names as the trace has them: ops "<name>:<type>", thunks after
+    # their HLO instruction, the runtime's own events "Class::Method".
+    assert profile_train.classify("transformer/MatMul_2:MatMul") == ("matmul", "MatMul")
+    assert profile_train.classify("dense/BiasAdd:_MklFusedMatMul") == ("matmul",
+                                                                       "_MklFusedMatMul")
+    assert profile_train.classify("gradients/Transpose:Transpose") == ("ops", "Transpose")
+    assert profile_train.classify("MatMul_1.2") == ("matmul", "MatMul_1")
+    assert profile_train.classify("dot.3") == ("matmul", "dot")
+    assert profile_train.classify("subtract_exponential_fusion.1") == (
+        "xla", "subtract_exponential_fusion")
+    assert profile_train.classify("ExecutorState::Process") == ("runtime",
+                                                                "ExecutorState::Process")
+
+    script = os.path.join(ROOT, "benchmarks", "profile_train.py")
+    result = subprocess.run([sys.executable, script, "--config", "tiny", "--steps", "1",
+                             "--batch", "4", "--length", "8", "--top", "200"],
+                            capture_output=True, text=True, env=ENV, cwd=ROOT,
+                            timeout=600, check=True)
+    lines = result.stdout.splitlines()
+    assert "tiny, float32, 4 x 8 tokens" in lines[0] and "ms per step unprofiled" in lines[0]
+    total = float(lines[1].split()[1])
+    groups = {line.split()[0]: float(line.split()[1]) for line in lines[2:6]}
+    assert set(groups) == set(profile_train.GROUPS)
+    assert groups["matmul"] > 0 and groups["ops"] > 0
+    assert abs(sum(groups.values()) - total) < 0.01 * total + 0.5
+    assert lines[6] == "by kind:"
+    kinds = {tuple(line.split()[:2]): float(line.split()[2]) for line in lines[7:]}
+    assert ("ops", "ResourceApplyAdam") in kinds  # the optimizer's update is in the step
+    assert abs(sum(kinds.values()) - total) < 0.01 * total + 0.5
+
+
+def test_self_times_subtract_nested_events():
+    from types import SimpleNamespace as Event
+
+    from benchmarks import profile_train
+
+    outer = Event(offset_ps=0, duration_ps=100)
+    inner = Event(offset_ps=10, duration_ps=30)
+    innermost = Event(offset_ps=15, duration_ps=5)
+    after = Event(offset_ps=120, duration_ps=7)
+    times = {id(e): ps for e, ps in profile_train.self_times([after, inner, outer, innermost])}
+    assert [times[id(e)] for e in (outer, inner, innermost, after)] == [70, 25, 5, 7]

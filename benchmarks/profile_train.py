@@ -1,0 +1,166 @@
+"""Where a training step spends its time on CPU: per kind of TensorFlow op and
+XLA thunk, from a `tf.profiler` trace of the step `benchmark.py --what train`
+times.
+
+    python benchmarks/profile_train.py                       # bench config, float32
+    python benchmarks/profile_train.py --precision mixed_bfloat16
+    python benchmarks/profile_train.py --config base --batch 32
+
+Runs `--steps` steps of the bench training batch (64 sentences x 32 source
+and 32 target tokens) unprofiled, then the same number under the profiler,
+and splits the thread time of the trace into self times (an event's duration
+less that of the events nested in it on its thread):
+
+  matmul   TensorFlow's product ops (`MatMul`, `_FusedMatMul`, `BatchMatMulV3`,
+           oneDNN's `_Mkl...MatMul...`) and XLA's dot thunks;
+  ops      every other TensorFlow op (by type: `Transpose`, `BiasAddGrad`,
+           `ResourceApplyAdam`, ...);
+  xla      every other thunk of the XLA clusters (the loss, the dropout and
+           attention clusters: `subtract_exponential_fusion`, `copy`, ...);
+  runtime  the executors' own events (scheduling, waiting for a cluster).
+
+Times are per step and add up over threads: the executor runs up to two ops
+at once here and the thunks of a cluster run on the intra-op pool, so the
+total exceeds the wall time, and an op that waited for the cores while
+another ran counts that wait as its own. Compare kinds within one run, and a
+kind across runs only as a hint; a change is measured by an A/B run of the
+step (benchmarks/README.md, "What was tried").
+"""
+
+import argparse
+import collections
+import glob
+import os
+import re
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __name__ == "__main__":
+    from training import fast_malloc
+
+    fast_malloc.apply()
+
+import tensorflow as tf  # noqa: E402
+from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
+
+from benchmarks.bench_config import TRAIN_SHAPE, make_config  # noqa: E402
+from benchmarks.benchmark import Ours, random_batch  # noqa: E402
+
+GROUPS = ("matmul", "ops", "xla", "runtime")
+# A TensorFlow op's trace event is named "<op name>:<op type>"; the runtime's
+# own events are "Class::Method" or one of these names.
+_RUNTIME = ("BlockUntilReady", "ParallelFor", "Await", "Execute", "ThunkExecutor",
+            "SlinkyThreadPool", "while", "end:")
+_XLA_DOT = re.compile(r"^(dot|MatMul|BatchMatMul|convolution)")
+
+
+def classify(name):
+    """`(group, kind)` of one trace event name."""
+    if "::" in name or name.startswith(_RUNTIME):
+        return "runtime", re.sub(r"\.\d+$", "", name.split(" ")[0])
+    if ":" in name:
+        op_type = name.rsplit(":", 1)[1]
+        return ("matmul" if "MatMul" in op_type else "ops"), op_type
+    kind = re.sub(r"\.\d+$", "", name)  # an XLA thunk, named after its instruction
+    return ("matmul" if _XLA_DOT.match(kind) else "xla"), kind
+
+
+def self_times(events):
+    """`[(event, self picoseconds)]` for one thread's events: each event's
+    duration less that of the events directly nested in it."""
+    ordered = sorted(events, key=lambda e: (e.offset_ps, -e.duration_ps))
+    result, stack = [], []
+    for event in ordered:
+        while stack and stack[-1][0].offset_ps + stack[-1][0].duration_ps <= event.offset_ps:
+            stack.pop()
+        entry = [event, event.duration_ps]
+        if stack:
+            stack[-1][1] -= event.duration_ps
+        stack.append(entry)
+        result.append(entry)
+    return result
+
+
+def op_times(xspace_path, steps):
+    """`{(group, kind): (ms per step, calls per step)}` from an XSpace file,
+    the CPU plane's threads but the Python one (whose events wrap the rest)."""
+    space = xplane_pb2.XSpace()
+    with open(xspace_path, "rb") as f:
+        space.ParseFromString(f.read())
+    total, count = collections.Counter(), collections.Counter()
+    for plane in space.planes:
+        if plane.name != "/host:CPU":
+            continue
+        names = {key: meta.name for key, meta in plane.event_metadata.items()}
+        for line in plane.lines:
+            if line.name == "python":
+                continue
+            for event, ps in self_times(line.events):
+                key = classify(names.get(event.metadata_id, "?"))
+                total[key] += ps / 1e9 / steps
+                count[key] += 1
+    return {key: (ms, count[key] / steps) for key, ms in total.most_common()}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="bench", help="'bench' or a preset name")
+    parser.add_argument("--precision", default="float32",
+                        choices=["float32", "mixed_bfloat16", "mixed_float16"])
+    parser.add_argument("--xla", default="auto", choices=["auto", "on", "off"],
+                        help="as benchmark.py's: auto and off train without XLA")
+    parser.add_argument("--batch", type=int, default=TRAIN_SHAPE["batch"])
+    parser.add_argument("--length", type=int, default=TRAIN_SHAPE["target_length"],
+                        help="source and target tokens per sentence")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--top", type=int, default=30, help="kinds to print")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.batch < 1 or args.length < 1:
+        parser.error("--steps, --batch and --length must be positive")
+
+    config = make_config(args.config)
+    model = Ours(config, args.precision, args.xla)
+    source = random_batch(config, args.batch, args.length, 0)
+    target = random_batch(config, args.batch, args.length + 1, 1)
+
+    def step():
+        return model.train_step(source, target[:, :-1], target[:, 1:])
+
+    for _ in range(3):  # trace, compile and warm up
+        step()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    wall_ms = (time.perf_counter() - start) / args.steps * 1e3
+
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir)
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        profiled_ms = (time.perf_counter() - start) / args.steps * 1e3
+        tf.profiler.experimental.stop()
+        (path,) = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+        times = op_times(path, args.steps)
+
+    by_group = collections.Counter()
+    for (group, _), (ms, _) in times.items():
+        by_group[group] += ms
+    total = sum(by_group.values())
+    print(f"{args.config}, {args.precision}, {args.batch} x {args.length} tokens: "
+          f"{wall_ms:.1f} ms per step unprofiled, {profiled_ms:.1f} profiled; "
+          f"thread time per step:")
+    print(f"  all {total:9.1f} ms")
+    for group in GROUPS:
+        print(f"  {group:7s} {by_group[group]:9.1f} ms  {by_group[group] / total:6.1%}")
+    print("by kind:")
+    for (group, kind), (ms, calls) in list(times.items())[:args.top]:
+        print(f"  {group:7s} {kind:36s} {ms:8.2f} ms  {calls:6.0f} calls  "
+              f"{ms / calls * 1e3:8.1f} us each")
+
+
+if __name__ == "__main__":
+    main()
