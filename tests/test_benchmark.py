@@ -13,8 +13,8 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "benchmark.py")
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
-def run(*args, check=True):
-    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True,
+def run(*args, check=True, script=SCRIPT):
+    return subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
                           env=ENV, cwd=ROOT, timeout=600, check=check)
 
 
@@ -68,11 +68,9 @@ def test_jax_benchmark_parses_shapes_and_overrides():
 
 
 def test_search_profile_breaks_thunk_time_down_by_kind():
-    script = os.path.join(ROOT, "benchmarks", "profile_search.py")
-    result = subprocess.run([sys.executable, script, "--config", "tiny", "--searches", "1",
-                             "--top", "40", "--batch", "2", "--source-length", "6"],
-                            capture_output=True, text=True, env=ENV, cwd=ROOT,
-                            timeout=600, check=True)
+    result = run("--config", "tiny", "--searches", "1", "--top", "40", "--batch", "2",
+                 "--source-length", "6",
+                 script=os.path.join(ROOT, "benchmarks", "profile_search.py"))
     lines = result.stdout.splitlines()
     assert "2 sentences x 6 tokens" in lines[0] and "ms per search unprofiled" in lines[0]
     total = float(lines[1].split()[2])
@@ -101,11 +99,8 @@ def test_training_profile_splits_thread_time_into_groups_and_kinds():
     assert profile_train.classify("ExecutorState::Process") == ("runtime",
                                                                 "ExecutorState::Process")
 
-    script = os.path.join(ROOT, "benchmarks", "profile_train.py")
-    result = subprocess.run([sys.executable, script, "--config", "tiny", "--steps", "1",
-                             "--batch", "4", "--length", "8", "--top", "200"],
-                            capture_output=True, text=True, env=ENV, cwd=ROOT,
-                            timeout=600, check=True)
+    result = run("--config", "tiny", "--steps", "1", "--batch", "4", "--length", "8",
+                 "--top", "200", script=os.path.join(ROOT, "benchmarks", "profile_train.py"))
     lines = result.stdout.splitlines()
     assert "tiny, float32, 4 x 8 tokens" in lines[0] and "ms per step unprofiled" in lines[0]
     total = float(lines[1].split()[1])
