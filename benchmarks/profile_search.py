@@ -20,7 +20,6 @@ import os
 import re
 import sys
 import tempfile
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,17 +33,29 @@ import tensorflow as tf  # noqa: E402
 from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 
 from benchmarks.bench_config import TRANSLATE_SHAPE, make_config  # noqa: E402
-from benchmarks.benchmark import Ours, random_batch  # noqa: E402
+from benchmarks.benchmark import Ours, random_batch, time_rounds  # noqa: E402
 
 # Trace events that wrap thunks rather than being one (executors, waits).
-_WRAPPERS = ("ThunkExecutor", "SlinkyThreadPool", "while", "end:")
+WRAPPERS = ("ThunkExecutor", "SlinkyThreadPool", "while", "end:")
+
+
+def read_xspace(path):
+    """The `tf.profiler` trace (an `XSpace`) in the `.xplane.pb` file `path`."""
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    return space
+
+
+def event_kind(name):
+    """A trace event's name without its instance number: XLA names a thunk
+    after its HLO instruction (`MatMul.1173` -> `MatMul`)."""
+    return re.sub(r"\.\d+$", "", name)
 
 
 def thunk_times(xspace_path, searches):
     """`{kind: (ms per search, count per search)}` from an XSpace file."""
-    space = xplane_pb2.XSpace()
-    with open(xspace_path, "rb") as f:
-        space.ParseFromString(f.read())
+    space = read_xspace(xspace_path)
     total, count = collections.Counter(), collections.Counter()
     for plane in space.planes:
         names = {key: meta.name for key, meta in plane.event_metadata.items()}
@@ -52,8 +63,8 @@ def thunk_times(xspace_path, searches):
             if "Eigen" not in line.name:  # XLA:CPU runs thunks on TF's Eigen pool
                 continue
             for event in line.events:
-                kind = re.sub(r"\.\d+$", "", names.get(event.metadata_id, "?"))
-                if not kind.startswith(_WRAPPERS):
+                kind = event_kind(names.get(event.metadata_id, "?"))
+                if not kind.startswith(WRAPPERS):
                     total[kind] += event.duration_ps / 1e9 / searches
                     count[kind] += 1
     return {kind: (ms, count[kind] / searches) for kind, ms in total.most_common()}
@@ -77,12 +88,10 @@ def main(argv=None):
         shape["beam_size"], shape["alpha"], args.extra_length)
     source = random_batch(config, shape["batch"], shape["source_length"], 2)
 
-    for _ in range(3):  # compile and warm up
-        np.asarray(translate(source))
-    start = time.perf_counter()
-    for _ in range(args.searches):
-        np.asarray(translate(source))
-    wall_ms = (time.perf_counter() - start) / args.searches * 1e3
+    # Compiled and warmed up by 3 untimed searches.
+    (seconds,) = time_rounds({"search": lambda: np.asarray(translate(source))}, rounds=1,
+                             warmup=3, repeats=args.searches)["search"]
+    wall_ms = seconds * 1e3
 
     with tempfile.TemporaryDirectory() as logdir:
         tf.profiler.experimental.start(logdir)

@@ -44,27 +44,27 @@ if __name__ == "__main__":
     fast_malloc.apply()
 
 import tensorflow as tf  # noqa: E402
-from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 
 from benchmarks.bench_config import TRAIN_SHAPE, make_config  # noqa: E402
-from benchmarks.benchmark import Ours, random_batch  # noqa: E402
+from benchmarks.benchmark import Ours, random_batch, time_rounds  # noqa: E402
+from benchmarks.profile_search import WRAPPERS, event_kind, read_xspace  # noqa: E402
 
 GROUPS = ("matmul", "ops", "xla", "runtime")
 # A TensorFlow op's trace event is named "<op name>:<op type>"; the runtime's
-# own events are "Class::Method" or one of these names.
-_RUNTIME = ("BlockUntilReady", "ParallelFor", "Await", "Execute", "ThunkExecutor",
-            "SlinkyThreadPool", "while", "end:")
+# own events are "Class::Method", the search profile's thunk wrappers, or one
+# of these names.
+_RUNTIME = WRAPPERS + ("BlockUntilReady", "ParallelFor", "Await", "Execute")
 _XLA_DOT = re.compile(r"^(dot|MatMul|BatchMatMul|convolution)")
 
 
 def classify(name):
     """`(group, kind)` of one trace event name."""
     if "::" in name or name.startswith(_RUNTIME):
-        return "runtime", re.sub(r"\.\d+$", "", name.split(" ")[0])
+        return "runtime", event_kind(name.split(" ")[0])
     if ":" in name:
         op_type = name.rsplit(":", 1)[1]
         return ("matmul" if "MatMul" in op_type else "ops"), op_type
-    kind = re.sub(r"\.\d+$", "", name)  # an XLA thunk, named after its instruction
+    kind = event_kind(name)  # an XLA thunk, named after its instruction
     return ("matmul" if _XLA_DOT.match(kind) else "xla"), kind
 
 
@@ -87,9 +87,7 @@ def self_times(events):
 def op_times(xspace_path, steps):
     """`{(group, kind): (ms per step, calls per step)}` from an XSpace file,
     the CPU plane's threads but the Python one (whose events wrap the rest)."""
-    space = xplane_pb2.XSpace()
-    with open(xspace_path, "rb") as f:
-        space.ParseFromString(f.read())
+    space = read_xspace(xspace_path)
     total, count = collections.Counter(), collections.Counter()
     for plane in space.planes:
         if plane.name != "/host:CPU":
@@ -129,12 +127,10 @@ def main(argv=None):
     def step():
         return model.train_step(source, target[:, :-1], target[:, 1:])
 
-    for _ in range(3):  # trace, compile and warm up
-        step()
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    wall_ms = (time.perf_counter() - start) / args.steps * 1e3
+    # Traced, compiled and warmed up by 3 untimed steps.
+    (seconds,) = time_rounds({"step": step}, rounds=1, warmup=3,
+                             repeats=args.steps)["step"]
+    wall_ms = seconds * 1e3
 
     with tempfile.TemporaryDirectory() as logdir:
         tf.profiler.experimental.start(logdir)
