@@ -117,6 +117,28 @@ def test_keras_masks_are_padding_masks_in_single_layers(batch):
     np.testing.assert_allclose(decoded, decoder_layer(target, plain, memory_mask=mask), atol=1e-6)
 
 
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_keras_masks_survive_the_mixed_precision_input_cast(policy):
+    # A float32 embedding (e.g. one kept in float32 for its table) feeding
+    # the stacks under a mixed policy: Keras casts the input to the compute
+    # dtype, a new tensor without the mask; the mask must still reach the
+    # attention and the output.
+    keras.config.set_dtype_policy(policy)
+    ids = keras_masks.SOURCES
+    x = keras.layers.Embedding(10, 8, mask_zero=True, dtype="float32")(ids)
+    plain = keras.ops.convert_to_tensor(np.asarray(x))
+    mask = padding_mask(ids, keras_masks.PAD)
+    encoder = Encoder(num_layers=2, **dict(SIZES, dropout=0.0))
+    decoder = Decoder(num_layers=1, **dict(SIZES, dropout=0.0))
+    target = np.ones((len(ids), 2, 8), "float32")
+    encoded, decoded = encoder(x), decoder(target, x)
+    assert keras.backend.standardize_dtype(encoded.dtype) == policy.split("_")[1]
+    np.testing.assert_array_equal(keras_mask(encoded), ids != keras_masks.PAD)
+    np.testing.assert_array_equal(encoded, encoder(plain, mask=mask))
+    np.testing.assert_array_equal(decoded, decoder(target, plain, memory_mask=mask))
+    assert not np.array_equal(encoded, encoder(plain))  # the mask matters here
+
+
 @pytest.mark.parametrize("make, extra", [
     (lambda: LayerNormalization(), ()),
     (lambda: Dropout(0.5), ()),
