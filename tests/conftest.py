@@ -21,7 +21,8 @@ MODULE_SECONDS_CUTOFF = 15
 MODULE_SECONDS = {
     "test_demo.py": 211, "test_jax_backend.py": 199, "test_export.py": 143,
     "test_train_cli.py": 139, "test_distributed.py": 139, "test_benchmark.py": 129,
-    "test_multi30k_recipe.py": 71, "test_checkpoints.py": 69, "test_translate_cli.py": 60,
+    "test_multi30k_recipe.py": 71, "test_benchmark_translation.py": 70,
+    "test_checkpoints.py": 69, "test_translate_cli.py": 60,
     "test_transformer.py": 57, "test_visualization.py": 33,
     "test_tensorflow_kernels.py": 31, "test_beam_search.py": 30,
     "test_compiled_attention.py": 30, "test_eigen_slices.py": 25, "test_dense.py": 19,

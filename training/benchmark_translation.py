@@ -9,6 +9,11 @@ bucket compiles, so each is warmed up first).
     python training/benchmark_translation.py                      # a random `small` model
     python training/benchmark_translation.py --saved-model saved_models/de_en
     python training/benchmark_translation.py --signature translate_xla
+    python training/benchmark_translation.py --saved-model NEW --baseline OLD
+
+With --baseline it measures two exports in one process, in alternating
+rounds, and prints the ratios (per round, then their median): whether a new
+export is faster than the one being served, on this machine, today.
 
 Without --saved-model it builds the `small` config with random weights and a
 SentencePiece vocabulary trained on the source file, and exports it to a
@@ -53,11 +58,54 @@ def build_random_saved_model(sentences, directory, args):
     return export_translator(translator, directory, name="benchmark")
 
 
+def time_batches(serve, batches):
+    """Seconds to translate `batches` (lists of strings) one after another."""
+    start = time.perf_counter()
+    for batch in batches:
+        serve(text=tf.constant(batch))["translation"].numpy()
+    return time.perf_counter() - start
+
+
+def time_singles(serve, sentences):
+    """Seconds of each single-sentence request, in order."""
+    latencies = []
+    for sentence in sentences:
+        start = time.perf_counter()
+        serve(text=tf.constant([sentence]))["translation"].numpy()
+        latencies.append(time.perf_counter() - start)
+    return latencies
+
+
+def translations(serve, batches):
+    """Every batch's translations, joined (also warms up: under XLA the
+    first request of each shape bucket compiles)."""
+    return [t for batch in batches for t in serve(text=tf.constant(batch))["translation"].numpy()]
+
+
+def summary(throughput, latencies, metadata):
+    return {
+        "beam_size": metadata["beam_size"], "alpha": metadata["alpha"],
+        "extra_length": metadata["extra_length"],
+        "throughput_sentences_per_s": round(throughput, 2),
+        "latency_p50_ms": round(1000 * float(np.percentile(latencies, 50)), 1),
+        "latency_p95_ms": round(1000 * float(np.percentile(latencies, 95)), 1),
+        "latency_runs": len(latencies),
+    }
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--saved-model", help="an exported model (default: build one)")
+    parser.add_argument("--baseline",
+                        help="a second exported model, measured in the same process "
+                             "through the same signature, alternating rounds; prints "
+                             "both and the ratios (above 1: --saved-model is faster)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="measurement rounds per model (default 1, or 4 with "
+                             "--baseline); each round is the throughput run and the "
+                             "latency requests")
     parser.add_argument("--source", default=DEFAULT_SOURCE,
                         help="sentences to translate, one per line (.gz ok)")
     parser.add_argument("--config", default="small", help="preset for the random model")
@@ -69,54 +117,79 @@ def main(argv=None):
                         help="sentences for the throughput run")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--latency-runs", type=int, default=50,
-                        help="single-sentence requests for the latency percentiles")
+                        help="single-sentence requests for the latency percentiles "
+                             "(per round)")
     parser.add_argument("--signature", default="serving_default",
                         choices=["serving_default", "translate_xla"])
     args = parser.parse_args(argv)
+    rounds = args.rounds if args.rounds is not None else (4 if args.baseline else 1)
+    if rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {rounds}")
+    if args.baseline and not os.path.isdir(args.baseline):
+        parser.error(f"--baseline {args.baseline!r} is not a directory")
 
     import tensorflow_text  # noqa: F401
 
     from keras_transformer.export.cli import read_lines
+    from keras_transformer.export.saved_model import read_metadata, resolve_version
 
     sentences = [s.decode("utf-8", "replace") for s in read_lines(args.source)]
+    test = sentences[: args.num_sentences]
+    batches = sorted(test, key=len)
+    batches = [batches[i:i + args.batch_size] for i in range(0, len(batches), args.batch_size)]
+    singles = sentences[: args.latency_runs]
     with tempfile.TemporaryDirectory() as tmp:
-        path = args.saved_model or build_random_saved_model(sentences, tmp, args)
-        from keras_transformer.export.saved_model import read_metadata, resolve_version
-
-        path = resolve_version(path)
-        serve = tf.saved_model.load(path).signatures[args.signature]
-        metadata = read_metadata(path)
-
-        test = sentences[: args.num_sentences]
-        batches = sorted(test, key=len)
-        batches = [batches[i:i + args.batch_size]
-                   for i in range(0, len(batches), args.batch_size)]
-        for batch in batches:  # warm up (XLA: compile every shape bucket)
-            serve(text=tf.constant(batch))
-        start = time.perf_counter()
-        for batch in batches:
-            serve(text=tf.constant(batch))["translation"].numpy()
-        throughput = len(test) / (time.perf_counter() - start)
-
-        latencies = []
-        for sentence in sentences[: args.latency_runs]:  # warm up
-            serve(text=tf.constant([sentence]))
-        for sentence in sentences[: args.latency_runs]:
-            start = time.perf_counter()
-            serve(text=tf.constant([sentence]))["translation"].numpy()
-            latencies.append(time.perf_counter() - start)
+        paths = {"model": resolve_version(args.saved_model
+                                          or build_random_saved_model(sentences, tmp, args))}
+        if args.baseline:
+            paths["baseline"] = resolve_version(args.baseline)
+        serve, metadata, outputs = {}, {}, {}
+        for name, path in paths.items():
+            signatures = tf.saved_model.load(path).signatures
+            if args.signature not in signatures:
+                raise SystemExit(f"{path} has no signature {args.signature!r}; "
+                                 f"it has {sorted(signatures)}")
+            serve[name] = signatures[args.signature]
+            metadata[name] = read_metadata(path)
+            outputs[name] = translations(serve[name], batches)
+            time_singles(serve[name], singles)  # warm up the batch-1 shapes
+        # Alternating rounds (ABBA...) so that the machine's drift, which on
+        # small hosts moves timings by more than most changes gain, hits
+        # both models alike; the ratios are per round, then their median.
+        seconds = {name: 0.0 for name in paths}
+        latencies = {name: [] for name in paths}
+        round_ratios = {"throughput": [], "latency_p50": []}
+        for r in range(rounds):
+            order = list(paths) if r % 2 == 0 else list(reversed(paths))
+            this_round = {}
+            for name in order:
+                elapsed = time_batches(serve[name], batches)
+                single = time_singles(serve[name], singles)
+                seconds[name] += elapsed
+                latencies[name] += single
+                this_round[name] = (elapsed, float(np.median(single)))
+            if args.baseline:
+                round_ratios["throughput"].append(
+                    this_round["baseline"][0] / this_round["model"][0])
+                round_ratios["latency_p50"].append(
+                    this_round["baseline"][1] / this_round["model"][1])
+    results = {name: summary(rounds * len(test) / seconds[name], latencies[name], metadata[name])
+               for name in paths}
     result = {
         "saved_model": args.saved_model or f"random {args.config} model",
         "signature": args.signature,
-        "beam_size": metadata["beam_size"], "alpha": metadata["alpha"],
-        "extra_length": metadata["extra_length"],
-        "num_sentences": len(test), "batch_size": args.batch_size,
-        "throughput_sentences_per_s": round(throughput, 2),
-        "latency_p50_ms": round(1000 * float(np.percentile(latencies, 50)), 1),
-        "latency_p95_ms": round(1000 * float(np.percentile(latencies, 95)), 1),
-        "latency_runs": len(latencies),
+        **results["model"],
+        "num_sentences": len(test), "batch_size": args.batch_size, "rounds": rounds,
         "cpu_threads": os.cpu_count(),
     }
+    if args.baseline:
+        result["baseline"] = {"saved_model": args.baseline, **results["baseline"]}
+        for key, ratios in round_ratios.items():
+            result[f"{key}_ratio"] = round(float(np.median(ratios)), 3)
+            result[f"{key}_ratio_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
+        # Reported, not enforced: a re-export in another precision may
+        # legitimately translate a few sentences differently.
+        result["same_translations"] = outputs["model"] == outputs["baseline"]
     print(json.dumps(result, indent=2))
     return result
 
