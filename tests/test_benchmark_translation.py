@@ -66,4 +66,7 @@ def test_bad_arguments_fail_before_any_work(exports, tmp_path, capsys):
     assert "is not a directory" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         measure(bench, source, "--saved-model", paths[3], "--rounds", "0")
-    assert "--rounds must be at least 1" in capsys.readouterr().err
+    assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        measure(bench, source, "--saved-model", paths[3], "--latency-runs", "0")
+    assert "--latency-runs must be at least 1, got 0" in capsys.readouterr().err

@@ -123,8 +123,11 @@ def main(argv=None):
                         choices=["serving_default", "translate_xla"])
     args = parser.parse_args(argv)
     rounds = args.rounds if args.rounds is not None else (4 if args.baseline else 1)
-    if rounds < 1:
-        parser.error(f"--rounds must be at least 1, got {rounds}")
+    for flag, value in (("--rounds", rounds), ("--num-sentences", args.num_sentences),
+                        ("--batch-size", args.batch_size),
+                        ("--latency-runs", args.latency_runs)):
+        if value < 1:
+            parser.error(f"{flag} must be at least 1, got {value}")
     if args.baseline and not os.path.isdir(args.baseline):
         parser.error(f"--baseline {args.baseline!r} is not a directory")
 
