@@ -1,9 +1,12 @@
 """training/benchmark_translation.py: one export measured, or two side by
-side in one process (`--baseline`)."""
+side in one process (`--baseline`); the ratios' direction on stand-ins
+whose speeds are known."""
 
 import argparse
+import time
 
 import pytest
+import tensorflow as tf
 
 from test_tokenizer import CORPUS
 from test_translate_cli import script
@@ -11,18 +14,14 @@ from test_translate_cli import script
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
-    """Two random `tiny` exports with one vocabulary and the same weights
-    (seed 0), one searching 3 tokens past the source, one 1."""
+    """A random `tiny` export, searching 3 tokens past the source."""
     bench = script("benchmark_translation")
     root = tmp_path_factory.mktemp("exports")
     source = root / "source.txt"
     source.write_text("\n".join(CORPUS[:6]) + "\n", encoding="utf-8")
-    paths = {}
-    for extra in (3, 1):
-        args = argparse.Namespace(vocab_size=400, config="tiny", beam_size=2, alpha=0.6,
-                                  extra_length=extra)
-        paths[extra] = bench.build_random_saved_model(CORPUS, str(root / f"extra{extra}"), args)
-    return bench, str(source), paths
+    args = argparse.Namespace(vocab_size=400, config="tiny", beam_size=2, alpha=0.6,
+                              extra_length=3)
+    return bench, str(source), bench.build_random_saved_model(CORPUS, str(root), args)
 
 
 def measure(bench, source, *flags):
@@ -31,8 +30,8 @@ def measure(bench, source, *flags):
 
 
 def test_one_model(exports):
-    bench, source, paths = exports
-    result = measure(bench, source, "--saved-model", paths[3])
+    bench, source, path = exports
+    result = measure(bench, source, "--saved-model", path)
     assert (result["beam_size"], result["extra_length"], result["rounds"]) == (2, 3, 1)
     assert result["latency_runs"] == 2 and result["num_sentences"] == 4
     assert result["throughput_sentences_per_s"] > 0
@@ -40,33 +39,51 @@ def test_one_model(exports):
     assert "baseline" not in result
 
 
-def test_a_model_against_itself_and_against_another(exports):
-    bench, source, paths = exports
-    same = measure(bench, source, "--saved-model", paths[3], "--baseline", paths[3],
-                   "--rounds", "2")
-    assert same["rounds"] == 2 and same["latency_runs"] == 4
-    assert same["baseline"]["latency_runs"] == 4
-    assert same["same_translations"] is True
+def test_a_model_against_itself(exports):
+    bench, source, path = exports
+    result = measure(bench, source, "--saved-model", path, "--baseline", path, "--rounds", "2")
+    assert result["rounds"] == 2 and result["latency_runs"] == 4
+    assert result["baseline"]["latency_runs"] == 4
+    assert result["baseline"]["saved_model"] == path
+    assert result["same_translations"] is True
     for key in ("throughput_ratio", "latency_p50_ratio"):
-        low, high = same[f"{key}_range"]
-        assert 0 < low <= same[key] <= high
+        low, high = result[f"{key}_range"]
+        assert 0 < low <= result[key] <= high
 
-    # Random weights rarely emit eos, so a shorter length limit changes the
-    # translations; each side reports its own export's settings.
-    other = measure(bench, source, "--saved-model", paths[3], "--baseline", paths[1],
-                    "--rounds", "1")
-    assert other["same_translations"] is False
-    assert (other["extra_length"], other["baseline"]["extra_length"]) == (3, 1)
+
+def fake_export(seconds_per_sentence, word):
+    def serve(text):
+        time.sleep(seconds_per_sentence * len(text))
+        return {"translation": tf.constant([word] * len(text))}
+    return serve
+
+
+def test_ratios_say_which_is_faster_and_each_side_keeps_its_settings():
+    bench = script("benchmark_translation")
+    serve = {"model": fake_export(0.002, "a"), "baseline": fake_export(0.008, "b")}
+    metadata = {"model": dict(beam_size=4, alpha=0.6, extra_length=3),
+                "baseline": dict(beam_size=4, alpha=0.6, extra_length=1)}
+    result = bench.measure(serve, metadata, [["x", "y"], ["z"]], ["x", "y"], rounds=3)
+    # The model takes a quarter of the baseline's time: ratios above 1.
+    assert result["throughput_ratio"] > 2 and result["latency_p50_ratio"] > 2
+    assert result["model"]["throughput_sentences_per_s"] > 2 * result["baseline"][
+        "throughput_sentences_per_s"]
+    assert (result["model"]["extra_length"], result["baseline"]["extra_length"]) == (3, 1)
+    assert result["model"]["latency_runs"] == result["baseline"]["latency_runs"] == 6
+    assert result["same_translations"] is False
+    swapped = bench.measure({"model": serve["baseline"], "baseline": serve["model"]},
+                            metadata, [["x"]], ["x"], rounds=2)
+    assert swapped["throughput_ratio"] < 0.5 and swapped["latency_p50_ratio"] < 0.5
 
 
 def test_bad_arguments_fail_before_any_work(exports, tmp_path, capsys):
-    bench, source, paths = exports
+    bench, source, path = exports
     with pytest.raises(SystemExit):
-        measure(bench, source, "--saved-model", paths[3], "--baseline", str(tmp_path / "no"))
+        measure(bench, source, "--saved-model", path, "--baseline", str(tmp_path / "no"))
     assert "is not a directory" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        measure(bench, source, "--saved-model", paths[3], "--rounds", "0")
+        measure(bench, source, "--saved-model", path, "--rounds", "0")
     assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        measure(bench, source, "--saved-model", paths[3], "--latency-runs", "0")
+        measure(bench, source, "--saved-model", path, "--latency-runs", "0")
     assert "--latency-runs must be at least 1, got 0" in capsys.readouterr().err

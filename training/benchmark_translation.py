@@ -93,6 +93,52 @@ def summary(throughput, latencies, metadata):
     }
 
 
+def measure(serve, metadata, batches, singles, rounds):
+    """Times `serve["model"]` and, if given, `serve["baseline"]` (callables
+    `serve(text=strings) -> {"translation": ...}`) on `batches` and on each
+    of `singles` alone, `rounds` times each.
+
+    Returns: `summary` per name; with a baseline also the per-round ratios'
+    median and range, `throughput_ratio` and `latency_p50_ratio` (baseline
+    time over model time: above 1, the model is faster), and whether the
+    two translated `batches` alike.
+    """
+    names = list(serve)
+    outputs = {}
+    for name in names:
+        outputs[name] = translations(serve[name], batches)
+        time_singles(serve[name], singles)  # warm up the batch-1 shapes
+    # Alternating rounds (AB BA AB ...) so that the machine's drift, which
+    # on small hosts moves timings by more than most changes gain, hits both
+    # models alike; the ratios are per round, then their median.
+    seconds = {name: 0.0 for name in names}
+    latencies = {name: [] for name in names}
+    round_ratios = {"throughput": [], "latency_p50": []}
+    for r in range(rounds):
+        this_round = {}
+        for name in (names if r % 2 == 0 else names[::-1]):
+            elapsed = time_batches(serve[name], batches)
+            single = time_singles(serve[name], singles)
+            seconds[name] += elapsed
+            latencies[name] += single
+            this_round[name] = (elapsed, float(np.median(single)))
+        if "baseline" in serve:
+            for key, index in (("throughput", 0), ("latency_p50", 1)):
+                round_ratios[key].append(this_round["baseline"][index]
+                                         / this_round["model"][index])
+    sentences = rounds * sum(len(batch) for batch in batches)
+    result = {name: summary(sentences / seconds[name], latencies[name], metadata[name])
+              for name in names}
+    if "baseline" in serve:
+        for key, ratios in round_ratios.items():
+            result[f"{key}_ratio"] = round(float(np.median(ratios)), 3)
+            result[f"{key}_ratio_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
+        # Reported, not enforced: a re-export in another precision may
+        # legitimately translate a few sentences differently.
+        result["same_translations"] = outputs["model"] == outputs["baseline"]
+    return result
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -146,7 +192,7 @@ def main(argv=None):
                                           or build_random_saved_model(sentences, tmp, args))}
         if args.baseline:
             paths["baseline"] = resolve_version(args.baseline)
-        serve, metadata, outputs = {}, {}, {}
+        serve, metadata = {}, {}
         for name, path in paths.items():
             signatures = tf.saved_model.load(path).signatures
             if args.signature not in signatures:
@@ -154,45 +200,17 @@ def main(argv=None):
                                  f"it has {sorted(signatures)}")
             serve[name] = signatures[args.signature]
             metadata[name] = read_metadata(path)
-            outputs[name] = translations(serve[name], batches)
-            time_singles(serve[name], singles)  # warm up the batch-1 shapes
-        # Alternating rounds (ABBA...) so that the machine's drift, which on
-        # small hosts moves timings by more than most changes gain, hits
-        # both models alike; the ratios are per round, then their median.
-        seconds = {name: 0.0 for name in paths}
-        latencies = {name: [] for name in paths}
-        round_ratios = {"throughput": [], "latency_p50": []}
-        for r in range(rounds):
-            order = list(paths) if r % 2 == 0 else list(reversed(paths))
-            this_round = {}
-            for name in order:
-                elapsed = time_batches(serve[name], batches)
-                single = time_singles(serve[name], singles)
-                seconds[name] += elapsed
-                latencies[name] += single
-                this_round[name] = (elapsed, float(np.median(single)))
-            if args.baseline:
-                round_ratios["throughput"].append(
-                    this_round["baseline"][0] / this_round["model"][0])
-                round_ratios["latency_p50"].append(
-                    this_round["baseline"][1] / this_round["model"][1])
-    results = {name: summary(rounds * len(test) / seconds[name], latencies[name], metadata[name])
-               for name in paths}
+        measured = measure(serve, metadata, batches, singles, rounds)
     result = {
         "saved_model": args.saved_model or f"random {args.config} model",
         "signature": args.signature,
-        **results["model"],
+        **measured.pop("model"),
         "num_sentences": len(test), "batch_size": args.batch_size, "rounds": rounds,
         "cpu_threads": os.cpu_count(),
     }
     if args.baseline:
-        result["baseline"] = {"saved_model": args.baseline, **results["baseline"]}
-        for key, ratios in round_ratios.items():
-            result[f"{key}_ratio"] = round(float(np.median(ratios)), 3)
-            result[f"{key}_ratio_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
-        # Reported, not enforced: a re-export in another precision may
-        # legitimately translate a few sentences differently.
-        result["same_translations"] = outputs["model"] == outputs["baseline"]
+        result["baseline"] = {"saved_model": args.baseline, **measured.pop("baseline")}
+    result.update(measured)
     print(json.dumps(result, indent=2))
     return result
 
