@@ -24,14 +24,14 @@ def exports(tmp_path_factory):
     return bench, str(source), bench.build_random_saved_model(CORPUS, str(root), args)
 
 
-def measure(bench, source, *flags):
+def run_script(bench, source, *flags):
     return bench.main(["--source", source, "--num-sentences", "4", "--batch-size", "2",
                        "--latency-runs", "2", *flags])
 
 
 def test_one_model(exports):
     bench, source, path = exports
-    result = measure(bench, source, "--saved-model", path)
+    result = run_script(bench, source, "--saved-model", path)
     assert (result["beam_size"], result["extra_length"], result["rounds"]) == (2, 3, 1)
     assert result["latency_runs"] == 2 and result["num_sentences"] == 4
     assert result["throughput_sentences_per_s"] > 0
@@ -41,7 +41,7 @@ def test_one_model(exports):
 
 def test_a_model_against_itself(exports):
     bench, source, path = exports
-    result = measure(bench, source, "--saved-model", path, "--baseline", path, "--rounds", "2")
+    result = run_script(bench, source, "--saved-model", path, "--baseline", path, "--rounds", "2")
     assert result["rounds"] == 2 and result["latency_runs"] == 4
     assert result["baseline"]["latency_runs"] == 4
     assert result["baseline"]["saved_model"] == path
@@ -79,11 +79,15 @@ def test_ratios_say_which_is_faster_and_each_side_keeps_its_settings():
 def test_bad_arguments_fail_before_any_work(exports, tmp_path, capsys):
     bench, source, path = exports
     with pytest.raises(SystemExit):
-        measure(bench, source, "--saved-model", path, "--baseline", str(tmp_path / "no"))
-    assert "is not a directory" in capsys.readouterr().err
+        run_script(bench, source, "--saved-model", path, "--baseline", str(tmp_path / "no"))
+    assert "--baseline: No SavedModel at" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit):
-        measure(bench, source, "--saved-model", path, "--rounds", "0")
+        run_script(bench, source, "--saved-model", str(tmp_path / "empty"))
+    assert "--saved-model: No SavedModel at" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run_script(bench, source, "--saved-model", path, "--rounds", "0")
     assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        measure(bench, source, "--saved-model", path, "--latency-runs", "0")
+        run_script(bench, source, "--saved-model", path, "--latency-runs", "0")
     assert "--latency-runs must be at least 1, got 0" in capsys.readouterr().err

@@ -103,7 +103,7 @@ def measure(serve, metadata, batches, singles, rounds):
     time over model time: above 1, the model is faster), and whether the
     two translated `batches` alike.
     """
-    names = list(serve)
+    names = [name for name in ("model", "baseline") if name in serve]
     outputs = {}
     for name in names:
         outputs[name] = translations(serve[name], batches)
@@ -174,13 +174,22 @@ def main(argv=None):
                         ("--latency-runs", args.latency_runs)):
         if value < 1:
             parser.error(f"{flag} must be at least 1, got {value}")
-    if args.baseline and not os.path.isdir(args.baseline):
-        parser.error(f"--baseline {args.baseline!r} is not a directory")
 
     import tensorflow_text  # noqa: F401
 
     from keras_transformer.export.cli import read_lines
     from keras_transformer.export.saved_model import read_metadata, resolve_version
+
+    # The exports given are found before any work (a random model's build
+    # and export, the other model's load and compilation).
+    paths = {}
+    for name, flag, path in (("model", "--saved-model", args.saved_model),
+                             ("baseline", "--baseline", args.baseline)):
+        if path:
+            try:
+                paths[name] = resolve_version(path)
+            except FileNotFoundError as error:
+                parser.error(f"{flag}: {error}")
 
     sentences = [s.decode("utf-8", "replace") for s in read_lines(args.source)]
     test = sentences[: args.num_sentences]
@@ -188,10 +197,8 @@ def main(argv=None):
     batches = [batches[i:i + args.batch_size] for i in range(0, len(batches), args.batch_size)]
     singles = sentences[: args.latency_runs]
     with tempfile.TemporaryDirectory() as tmp:
-        paths = {"model": resolve_version(args.saved_model
-                                          or build_random_saved_model(sentences, tmp, args))}
-        if args.baseline:
-            paths["baseline"] = resolve_version(args.baseline)
+        if "model" not in paths:
+            paths["model"] = resolve_version(build_random_saved_model(sentences, tmp, args))
         serve, metadata = {}, {}
         for name, path in paths.items():
             signatures = tf.saved_model.load(path).signatures
