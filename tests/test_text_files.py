@@ -1,7 +1,9 @@
 import gzip
 import os
+import time
 
 import pytest
+import tensorflow as tf
 
 from keras_transformer.data import sources, text_files
 from keras_transformer.data.text_files import TextFileError
@@ -35,6 +37,40 @@ def test_gzip_is_detected_from_content_and_crlf_is_stripped(tmp_path):
     src = write(tmp_path / "a.en", None, gz=True, raw=b"one\r\ntwo\r\n")
     tgt = write(tmp_path / "a.de", None, raw=b"eins\r\nzwei\r\n")
     assert read_pairs(text_files.parallel_text_dataset(src, tgt)) == [("one", "eins"), ("two", "zwei")]
+
+
+def test_every_carriage_return_is_dropped_plain_and_gzipped(tmp_path):
+    # `parallel_text_dataset` has no `\r` stripping of its own: it relies on
+    # `TextLineDataset` dropping them, line ends and inner ones alike.
+    en = [f"line {i}" for i in range(6)]
+    raw_en = "".join(f"{line}\r\n" if i % 2 else f"{line}\n" for i, line in enumerate(en))
+    src = write(tmp_path / "a.en", None, raw=raw_en.encode())
+    tgt = write(tmp_path / "a.de", [f"Zeile\r{i}\r" for i in range(6)], gz=True)
+    assert read_pairs(text_files.parallel_text_dataset(src, tgt)) == [
+        (line, f"Zeile{i}") for i, line in enumerate(en)]
+
+
+def test_lines_are_not_mapped_one_by_one(tmp_path):
+    # A map call per line cost ~10x reading the lines (Multi30k's train
+    # split: 1.9-2.6 s against 0.15-0.16 s). The reference, line by line, runs in
+    # the same process.
+    lines = [f"sentence number {i}\r" for i in range(6000)]
+    src = write(tmp_path / "a.en", lines)
+    tgt = write(tmp_path / "a.de", lines)
+
+    def per_line(path):
+        return tf.data.TextLineDataset(path).map(
+            lambda line: tf.strings.regex_replace(line, "\r$", ""))
+
+    def seconds(dataset):
+        started = time.perf_counter()
+        pairs = [p for batch in dataset.batch(1024).as_numpy_iterator() for p in zip(*batch)]
+        return time.perf_counter() - started, pairs
+
+    reference, expected = seconds(tf.data.Dataset.zip(per_line(src), per_line(tgt)))
+    ours, pairs = seconds(text_files.parallel_text_dataset(src, tgt, validate=False))
+    assert pairs == expected and pairs[5][0] == b"sentence number 5"
+    assert ours * 3 < reference, (ours, reference)
 
 
 def test_directory_source_finds_splits_by_alias(tmp_path):

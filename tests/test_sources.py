@@ -1,0 +1,51 @@
+"""keras_transformer/data/sources.py: reading pairs for the vocabulary."""
+
+import time
+
+import pytest
+import tensorflow as tf
+
+from keras_transformer.data.sources import sentences_for_vocabulary
+
+
+def pairs_dataset(n):
+    sources = [f"Größe {i} ist relativ." for i in range(n)]
+    targets = [f"Size {i} is relative. ✓" for i in range(n)]
+    return tf.data.Dataset.from_tensor_slices((sources, targets)), sources, targets
+
+
+def one_by_one(dataset, max_pairs=None):
+    """What the reader returns, read one element at a time."""
+    out = []
+    for i, (source, target) in enumerate(dataset.as_numpy_iterator()):
+        if max_pairs and i == max_pairs:
+            break
+        out += [source.decode("utf-8"), target.decode("utf-8")]
+    return out
+
+
+@pytest.mark.parametrize("max_pairs", [None, 0, 1, 7, 16, 23, 100])
+def test_both_sides_of_the_first_pairs_in_order(max_pairs):
+    # Batches of 7 over 23 pairs: full batches, a short last one, a limit
+    # inside a batch, at its end and beyond the data.
+    dataset, sources, targets = pairs_dataset(23)
+    got = list(sentences_for_vocabulary(dataset, max_pairs, batch_size=7))
+    assert got == one_by_one(dataset, max_pairs)
+    count = 23 if not max_pairs else min(max_pairs, 23)
+    assert got[0::2] == sources[:count] and got[1::2] == targets[:count]
+
+
+def test_reads_in_batches_not_one_element_at_a_time():
+    # Each element tf.data hands to Python costs ~0.3 ms; read in batches
+    # the built-in corpus's vocabulary input took 0.06-0.15 s instead of
+    # 11.5-12.2 s.
+    # The reference (one element at a time) runs in the same process.
+    dataset, _, _ = pairs_dataset(4000)
+    started = time.perf_counter()
+    reference = one_by_one(dataset)
+    reference_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    got = list(sentences_for_vocabulary(dataset))
+    seconds = time.perf_counter() - started
+    assert got == reference
+    assert seconds * 5 < reference_seconds, (seconds, reference_seconds)
