@@ -11,7 +11,7 @@
      back with `tf.saved_model.load` and translate held-out sentences;
   6. draw the attention maps of one translation.
 
-    python training/demo.py                      # about 3 minutes on 2 CPU cores
+    python training/demo.py                      # 3-11 minutes on 2 CPU cores
     python training/demo.py --train-steps 200 --config tiny   # a smoke run
 """
 
