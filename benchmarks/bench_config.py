@@ -1,6 +1,7 @@
 """The shared bench configuration and shapes (issue "Performance"), and the
-helpers both benchmarks use: `benchmark.py` (TensorFlow, beside Model
-Garden) and `jax_benchmark.py` (JAX, no TensorFlow). No TensorFlow here."""
+helpers both throughput benchmarks use: `speed.py` (TensorFlow, beside
+Model Garden) and `jax_benchmark.py` (JAX, no TensorFlow). No TensorFlow
+here."""
 
 import json
 

@@ -3,8 +3,8 @@ they read: the step's products, in the shapes of a config's decoder and tied
 output projection, run in one XLA loop of `--steps` steps, for growing parts
 of the step.
 
-    python benchmarks/decode_working_set.py              # bench config, 4 rows
-    python benchmarks/decode_working_set.py --rows 128   # the bench batch (32 x beam 4)
+    python -m benchmarks working-set              # bench config, 4 rows
+    python -m benchmarks working-set --rows 128   # the bench batch (32 x beam 4)
 
 One sentence at beam 4 multiplies 4 rows a step (a latency request), so each
 product reads its whole weight for a little arithmetic, and a step reads all
@@ -17,7 +17,7 @@ its own matrix-vector kernel, not a call into Eigen). The parts alternate in
 rounds, in one process, so drift in the machine's speed reaches all alike.
 Per part: the median time per loop, per product, the weights' bytes
 read per second and the products' float operations per second. A round
-times each part's `--repeats` loops and takes their mean (`benchmark.py`'s
+times each part's `--repeats` loops and takes their mean (`speed.py`'s
 `time_rounds`). `penalty` compares the whole step with its parts: its time
 over the sum of the layers' (each layer taken as the first one's) and the
 projection's. Near 1 the parts cost the same together; well above 1, the
@@ -33,20 +33,14 @@ only the products' weights are timed.
 
 import argparse
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if __name__ == "__main__":
-    from training import fast_malloc
-
-    fast_malloc.apply()
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from benchmarks.bench_config import make_config  # noqa: E402
-from benchmarks.benchmark import time_rounds  # noqa: E402
+from benchmarks.speed import time_rounds  # noqa: E402
 
 
 def layer_shapes(config):
@@ -144,6 +138,3 @@ def main(argv=None):
           f"(whole step {median['whole step'] * 1e3:.2f} ms over {n} x layer 1 "
           f"+ projection {parts_sum * 1e3:.2f} ms)")
 
-
-if __name__ == "__main__":
-    main()

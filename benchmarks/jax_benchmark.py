@@ -1,9 +1,11 @@
 """Training and beam-search throughput with KERAS_BACKEND=jax: for hosts (GPUs)
-that have JAX but no TensorFlow. Companion to `benchmarks/benchmark.py`
+that have JAX but no TensorFlow. Companion to `python -m benchmarks speed`
 (TensorFlow, with the Model Garden reference); no TensorFlow is imported.
+KERAS_BACKEND defaults to jax for this subcommand; the library is imported
+from the checkout where it is not installed.
 
-    KERAS_BACKEND=jax python benchmarks/jax_benchmark.py
-    KERAS_BACKEND=jax python benchmarks/jax_benchmark.py --config bench,base \\
+    python -m benchmarks jax
+    python -m benchmarks jax --config bench,base \\
         --precision float32,mixed_bfloat16 --train-shapes 64x32x32,384x64x64
 
 Measures, for each config x precision (each in a fresh process, so memory
@@ -33,12 +35,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if __name__ == "__main__":
-    # Before Keras is imported (the backend is fixed then).
-    os.environ.setdefault("KERAS_BACKEND", "jax")
-
-from benchmarks.bench_config import (  # noqa: E402
+from benchmarks import subcommand
+from benchmarks.bench_config import (
     TRAIN_SHAPE,
     TRANSLATE_SHAPE,
     make_config,
@@ -270,9 +268,9 @@ def main(argv=None):
     passthrough = list(argv if argv is not None else sys.argv[1:])
     for config_name in configs:
         for precision in precisions:
-            command = [sys.executable, os.path.abspath(__file__), *passthrough,
-                       "--config", config_name, "--precision", precision, "--in-process"]
-            out = subprocess.run(command, capture_output=True, text=True)
+            command, env = subcommand("jax", *passthrough, "--config", config_name,
+                                      "--precision", precision, "--in-process")
+            out = subprocess.run(command, capture_output=True, text=True, env=env)
             if out.returncode != 0:
                 sys.stderr.write(out.stderr[-4000:])
                 raise SystemExit(f"{config_name} {precision} failed (exit {out.returncode})")
@@ -307,6 +305,3 @@ def _print(r):
     if r.get("device_peak_mb") is not None:
         print(f"  device peak memory {r['device_peak_mb']:,.0f} MB")
 
-
-if __name__ == "__main__":
-    main()

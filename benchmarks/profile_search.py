@@ -1,9 +1,9 @@
 """Where an XLA beam search spends its time on CPU: per kind of XLA thunk
 (matmul, each fusion kind, copy, ...), from a `tf.profiler` trace.
 
-    python benchmarks/profile_search.py                   # the bench batch
-    python benchmarks/profile_search.py --config base --extra-length 50
-    python benchmarks/profile_search.py --batch 1 --source-length 24   # a latency request
+    python -m benchmarks profile-search                   # the bench batch
+    python -m benchmarks profile-search --config base --extra-length 50
+    python -m benchmarks profile-search --batch 1 --source-length 24   # a latency request
 
 Translates the bench translation batch (32 sentences of 20 tokens, beam 4,
 alpha 0.6, untrained weights: every beam runs to full length) `--searches`
@@ -18,22 +18,16 @@ import collections
 import glob
 import os
 import re
-import sys
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if __name__ == "__main__":
-    from training import fast_malloc
-
-    fast_malloc.apply()
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 
 from benchmarks.bench_config import TRANSLATE_SHAPE, make_config  # noqa: E402
-from benchmarks.benchmark import Ours, random_batch, time_rounds  # noqa: E402
+from benchmarks.speed import Ours, random_batch, time_rounds  # noqa: E402
 
 # Trace events that wrap thunks rather than being one (executors, waits).
 WRAPPERS = ("ThunkExecutor", "SlinkyThreadPool", "while", "end:")
@@ -83,7 +77,7 @@ def main(argv=None):
 
     shape = dict(TRANSLATE_SHAPE, batch=args.batch, source_length=args.source_length)
     config = make_config(args.config)
-    # The search `benchmark.py --what translate` times (float32, XLA), on its batch.
+    # The search `speed --what translate` times (float32, XLA), on its batch.
     translate = Ours(config, "float32", "auto").translator(
         shape["beam_size"], shape["alpha"], args.extra_length)
     source = random_batch(config, shape["batch"], shape["source_length"], 2)
@@ -108,6 +102,3 @@ def main(argv=None):
     for kind, (ms, calls) in list(times.items())[:args.top]:
         print(f"  {kind:32s} {ms:8.2f} ms  {calls:6.0f} calls  {ms / calls * 1e3:7.1f} us each")
 
-
-if __name__ == "__main__":
-    main()

@@ -1,10 +1,10 @@
 """Where a training step spends its time on CPU: per kind of TensorFlow op and
-XLA thunk, from a `tf.profiler` trace of the step `benchmark.py --what train`
-times.
+XLA thunk, from a `tf.profiler` trace of the step `python -m benchmarks speed
+--what train` times.
 
-    python benchmarks/profile_train.py                       # bench config, float32
-    python benchmarks/profile_train.py --precision mixed_bfloat16
-    python benchmarks/profile_train.py --config base --batch 32
+    python -m benchmarks profile-train                       # bench config, float32
+    python -m benchmarks profile-train --precision mixed_bfloat16
+    python -m benchmarks profile-train --config base --batch 32
 
 Runs `--steps` steps of the bench training batch (64 sentences x 32 source
 and 32 target tokens) unprofiled, then the same number under the profiler,
@@ -24,7 +24,7 @@ at once here and the thunks of a cluster run on the intra-op pool, so the
 total exceeds the wall time, and an op that waited for the cores while
 another ran counts that wait as its own. Compare kinds within one run, and a
 kind across runs only as a hint; a change is measured by an A/B run of the
-step (benchmarks/README.md, "What was tried").
+step (docs/performance.md).
 """
 
 import argparse
@@ -32,21 +32,15 @@ import collections
 import glob
 import os
 import re
-import sys
 import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if __name__ == "__main__":
-    from training import fast_malloc
-
-    fast_malloc.apply()
 
 import tensorflow as tf  # noqa: E402
 
 from benchmarks.bench_config import TRAIN_SHAPE, make_config  # noqa: E402
-from benchmarks.benchmark import Ours, random_batch, time_rounds  # noqa: E402
+from benchmarks.speed import Ours, random_batch, time_rounds  # noqa: E402
 from benchmarks.profile_search import WRAPPERS, event_kind, read_xspace  # noqa: E402
 
 GROUPS = ("matmul", "ops", "xla", "runtime")
@@ -109,7 +103,7 @@ def main(argv=None):
     parser.add_argument("--precision", default="float32",
                         choices=["float32", "mixed_bfloat16", "mixed_float16"])
     parser.add_argument("--xla", default="auto", choices=["auto", "on", "off"],
-                        help="as benchmark.py's: auto and off train without XLA")
+                        help="as speed's: auto and off train without XLA")
     parser.add_argument("--batch", type=int, default=TRAIN_SHAPE["batch"])
     parser.add_argument("--length", type=int, default=TRAIN_SHAPE["target_length"],
                         help="source and target tokens per sentence")
@@ -157,6 +151,3 @@ def main(argv=None):
         print(f"  {group:7s} {kind:36s} {ms:8.2f} ms  {calls:6.0f} calls  "
               f"{ms / calls * 1e3:8.1f} us each")
 
-
-if __name__ == "__main__":
-    main()

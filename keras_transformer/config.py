@@ -4,7 +4,9 @@ that round-trips through a dict and JSON."""
 import dataclasses
 import json
 
-from keras_transformer.layers.embedding import POSITION_ENCODINGS
+# "none" exists for ablations only: without positions the encoder is
+# permutation-equivariant and cannot use word order.
+POSITION_ENCODINGS = ("sinusoidal", "learned", "none")
 
 
 @dataclasses.dataclass(frozen=True)

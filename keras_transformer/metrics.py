@@ -38,11 +38,9 @@ def argmax_last_axis(x):
     float, so that -0.0 ranks below +0.0 on every backend
     (jax-ml/jax#24280). JAX compiles the step whole, so XLA can fuse that
     into the reduction; TensorFlow's executor runs it as five more
-    elementwise ops over the whole tensor (equal, sign bit, and, select):
-    for the bench's `(64, 32, 8192)` float32 logits 26-29 ms against 5 ms
-    for `tf.argmax` alone, which made the accuracy metric cost a float32
-    bench training step 1.4-2.4% on a 2-core AVX2 host (benchmarks/README.md,
-    "What was tried"). The two differ only where a row's maximum is 0.0
+    elementwise ops over the whole tensor (equal, sign bit, and, select),
+    several times the cost of `tf.argmax` alone (docs/performance.md).
+    The two differ only where a row's maximum is 0.0
     held by both a -0.0 and a +0.0, which an accuracy over logits can
     ignore.
 

@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_transformer import dispatch
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -44,13 +46,10 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
 def transformer_adam(d_model, warmup_steps=4000, scale=1.0, **kwargs):
     """Adam with the paper's beta1=0.9, beta2=0.98, eps=1e-9 and schedule.
 
-    On TensorFlow, `FusedAdam` (`keras_transformer/training/fused_adam.py`):
-    Keras's Adam with each variable's update in one kernel, same results.
+    On TensorFlow, Keras's Adam with each variable's update in one kernel,
+    with the same results (`keras_transformer.dispatch.adam_class`).
     """
-    adam = keras.optimizers.Adam
-    if keras.backend.backend() == "tensorflow":
-        from keras_transformer.training.fused_adam import FusedAdam as adam
-    return adam(
+    return dispatch.adam_class()(
         learning_rate=TransformerSchedule(d_model, warmup_steps, scale),
         beta_1=0.9,
         beta_2=0.98,

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The Multi30k English->German recipe (README, "Recipes"): train the `small`
+# The Multi30k English->German recipe (docs/training.md): train the `small`
 # model for a wall-time budget, average the last 5 checkpoints (all of them
 # if fewer were kept), translate test_2016_flickr with beam 4 / alpha 0.6 and
 # score it with sacreBLEU.
 #
 #   bash scripts/multi30k.sh                      # 30 minutes of training
 #   MINUTES=120 RUN_DIR=runs/m30k-2h bash scripts/multi30k.sh
-#   DATA=/path/to/multi30k bash scripts/multi30k.sh --batch-tokens 4096   # extra train.py flags
+#   DATA=/path/to/multi30k bash scripts/multi30k.sh --batch-tokens 4096   # extra kt-train flags
 #
 # DATA is a directory with train/val/test_2016_flickr .en/.de files (.gz or
 # not). Rerunning with the same RUN_DIR resumes training.
@@ -25,7 +25,7 @@ test_file() {
 SOURCE=$(test_file en)
 REFERENCE=$(test_file de)
 start=$(date +%s)
-python training/train.py --run-dir "$RUN_DIR" --data "text:$DATA" --src-lang en --tgt-lang de \
+kt-train --run-dir "$RUN_DIR" --data "text:$DATA" --src-lang en --tgt-lang de \
     --config small --vocab-size 8000 --batch-tokens 3072 --max-length 128 \
     --max-minutes "$MINUTES" --train-steps 100000 --warmup-steps 500 --lr-scale 0.7 \
     --checkpoint-every 100 --keep-checkpoints 5 --steps-per-epoch 200 \
@@ -33,9 +33,9 @@ python training/train.py --run-dir "$RUN_DIR" --data "text:$DATA" --src-lang en 
 trained=$(date +%s)
 # The last 5 checkpoints, or all of them when a slow machine or a short
 # budget kept fewer (one is always saved when training stops).
-python training/average_checkpoints.py --run-dir "$RUN_DIR" --num 5 --allow-fewer
+kt-average --run-dir "$RUN_DIR" --num 5 --allow-fewer
 averaged=$(date +%s)
-python training/evaluate.py --run-dir "$RUN_DIR" --beam-size 4 --alpha 0.6 --extra-length 50 \
+kt-evaluate --run-dir "$RUN_DIR" --beam-size 4 --alpha 0.6 --extra-length 50 \
     --source "$SOURCE" --reference "$REFERENCE" --hypotheses "$RUN_DIR/test_2016_flickr.hyp.de"
 done_at=$(date +%s)
 echo "wall time: training $((trained - start)) s (vocabulary included), averaging" \

@@ -14,9 +14,12 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
-export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
-# glibc malloc settings that stop TensorFlow's per-step page faults on CPU
-# (see training/fast_malloc.py; the training/ scripts also set them themselves).
-export MALLOC_MMAP_MAX_=${MALLOC_MMAP_MAX_:-0}
-export MALLOC_TRIM_THRESHOLD_=${MALLOC_TRIM_THRESHOLD_:-17179869184}
-export MALLOC_ARENA_MAX=${MALLOC_ARENA_MAX:-1}
+# glibc malloc settings that keep TensorFlow's freed tensor memory for reuse,
+# in the environment form (keras_transformer/malloc.py, ENVIRONMENT), so
+# the tests and benchmarks run as the kt-* commands do (those apply them
+# themselves). KT_FAST_MALLOC=0 leaves malloc alone.
+if [ "${KT_FAST_MALLOC:-1}" != 0 ]; then
+  export MALLOC_MMAP_MAX_=${MALLOC_MMAP_MAX_:-0}
+  export MALLOC_TRIM_THRESHOLD_=${MALLOC_TRIM_THRESHOLD_:-17179869184}
+  export MALLOC_ARENA_MAX=${MALLOC_ARENA_MAX:-1}
+fi

@@ -1,7 +1,7 @@
 # Sourced by scripts/test.sh: a second, TensorFlow-free environment, .venv-jax
 # (keras + jax[cpu] only), in which tests/test_jax_backend.py runs the model
 # with KERAS_BACKEND=jax. Created once (idempotent); KT_SKIP_JAX=1 skips it.
-# The library is imported from the checkout (sys.path), not installed there,
+# The library is imported from the checkout (PYTHONPATH), not installed there,
 # so this venv never pulls TensorFlow.
 if [ -z "${KT_SKIP_JAX:-}" ]; then
   jax_spec="keras>=3.15,<4 jax[cpu]>=0.4.30 numpy"

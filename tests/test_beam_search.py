@@ -6,11 +6,11 @@ import tensorflow as tf
 from keras import ops
 
 import keras_transformer as kt
-from conftest import random_ids
+from support.common import random_ids
 from keras_transformer import decoding
 from keras_transformer.decoding import beam_search, greedy_search, length_penalty
 from keras_transformer.decoding.common import top_k
-from scripted import (
+from support.scripted import (
     A, B, BOS, EOS, PAD, MarkovScript, PrefixScript, random_prefix_tables, random_tables,
     table,
 )

@@ -1,5 +1,6 @@
-"""benchmarks/benchmark.py runs end to end (tiny config, one round) and
-reports what issue 5 asks for; the real numbers are in the README."""
+"""`python -m benchmarks` and its subcommands run end to end (tiny config,
+one round) and report what issue 5 asks for; the real numbers are in
+docs/performance.md."""
 
 import json
 import os
@@ -9,13 +10,27 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "benchmarks", "benchmark.py")
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
-def run(*args, check=True, script=SCRIPT):
-    return subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
-                          env=ENV, cwd=ROOT, timeout=600, check=check)
+def run(*args, check=True, subcommand="speed"):
+    return subprocess.run([sys.executable, "-m", "benchmarks", subcommand, *args],
+                          capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600,
+                          check=check)
+
+
+def test_help_lists_every_subcommand():
+    from benchmarks.__main__ import SUBCOMMANDS
+
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "--help"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=60, check=True)
+    listed = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("  ")]
+    assert listed == list(SUBCOMMANDS)
+    assert {"speed", "training", "savedmodel", "profile-train", "profile-search", "working-set",
+            "jax"} <= set(listed)
+    unknown = subprocess.run([sys.executable, "-m", "benchmarks", "nope"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert unknown.returncode == 2 and "unknown subcommand 'nope'" in unknown.stderr
 
 
 def test_benchmark_reports_throughput_utilisation_and_latency(tmp_path):
@@ -70,7 +85,7 @@ def test_jax_benchmark_parses_shapes_and_overrides():
 def test_search_profile_breaks_thunk_time_down_by_kind():
     result = run("--config", "tiny", "--searches", "1", "--top", "40", "--batch", "2",
                  "--source-length", "6",
-                 script=os.path.join(ROOT, "benchmarks", "profile_search.py"))
+                 subcommand="profile-search")
     lines = result.stdout.splitlines()
     assert "2 sentences x 6 tokens" in lines[0] and "ms per search unprofiled" in lines[0]
     total = float(lines[1].split()[2])
@@ -100,7 +115,7 @@ def test_training_profile_splits_thread_time_into_groups_and_kinds():
                                                                 "ExecutorState::Process")
 
     result = run("--config", "tiny", "--steps", "1", "--batch", "4", "--length", "8",
-                 "--top", "200", script=os.path.join(ROOT, "benchmarks", "profile_train.py"))
+                 "--top", "200", subcommand="profile-train")
     lines = result.stdout.splitlines()
     assert "tiny, float32, 4 x 8 tokens" in lines[0] and "ms per step unprofiled" in lines[0]
     total = float(lines[1].split()[1])

@@ -1,6 +1,6 @@
-"""training/benchmark_translation.py: one export measured, or two side by
-side in one process (`--baseline`); the ratios' direction on stand-ins
-whose speeds are known."""
+"""`python -m benchmarks savedmodel` (benchmarks/savedmodel_speed.py): one
+export measured, or two side by side in one process (`--baseline`); the
+ratios' direction on stand-ins whose speeds are known."""
 
 import argparse
 import time
@@ -8,14 +8,14 @@ import time
 import pytest
 import tensorflow as tf
 
+from benchmarks import savedmodel_speed
 from test_tokenizer import CORPUS
-from test_translate_cli import script
 
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
     """A random `tiny` export, searching 3 tokens past the source."""
-    bench = script("benchmark_translation")
+    bench = savedmodel_speed
     root = tmp_path_factory.mktemp("exports")
     source = root / "source.txt"
     source.write_text("\n".join(CORPUS[:6]) + "\n", encoding="utf-8")
@@ -59,7 +59,7 @@ def fake_export(seconds_per_sentence, word):
 
 
 def test_ratios_say_which_is_faster_and_each_side_keeps_its_settings():
-    bench = script("benchmark_translation")
+    bench = savedmodel_speed
     serve = {"model": fake_export(0.002, "a"), "baseline": fake_export(0.008, "b")}
     metadata = {"model": dict(beam_size=4, alpha=0.6, extra_length=3),
                 "baseline": dict(beam_size=4, alpha=0.6, extra_length=1)}

@@ -8,7 +8,7 @@ from keras_transformer.run_directory import RunDirectory
 from keras_transformer.training import callbacks as cb
 from keras_transformer.training.checkpoints import (
     CheckpointWriter, StepCheckpoint, average_checkpoints, build_for_restore, optimizer_step)
-from tests.conftest import random_ids
+from support.common import random_ids
 
 
 def batch(seed):

@@ -1,18 +1,19 @@
-"""keras_transformer/compiled_attention.py: scaled dot-product attention as
+"""keras_transformer/kernels/attention.py: scaled dot-product attention as
 one XLA function in float32 training where TensorFlow multiplies with Eigen."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import compiled_attention, tensorflow_kernels
-from keras_transformer.layers.attention import MultiHeadAttention, scaled_dot_product_attention
+from keras_transformer.kernels import attention as compiled_attention
+from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.masks import causal_mask
-from conftest import train_with_and_without_eigen
+from keras_transformer.ops.attention import scaled_dot_product_attention
+from support.common import force_matmul_kernels, train_with_and_without_eigen
 
 
 def _eigen(monkeypatch, eigen):
-    monkeypatch.setattr(tensorflow_kernels, "multiplies_with_eigen", lambda: eigen)
+    force_matmul_kernels(monkeypatch, "eigen" if eigen else "onednn")
 
 
 def _spy(monkeypatch):

@@ -1,4 +1,4 @@
-"""benchmarks/decode_working_set.py: its loops multiply by the weights it
+"""`python -m benchmarks working-set` (benchmarks/decode_working_set.py): its loops multiply by the weights it
 says they do (so the bytes and rates it prints are about the decoder's
 step), and it prints every part and the penalty (tiny config, one round)."""
 
@@ -9,11 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from benchmarks import decode_working_set
+from benchmarks.bench_config import make_config
 
-from benchmarks import decode_working_set  # noqa: E402
-from benchmarks.bench_config import make_config  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def numpy_step(part, x):
@@ -42,10 +41,9 @@ def test_the_loop_multiplies_by_the_decoders_and_the_tables_weights(layers, proj
 
 
 def test_prints_every_part_and_the_penalty():
-    script = os.path.join(ROOT, "benchmarks", "decode_working_set.py")
     result = subprocess.run(
-        [sys.executable, script, "--config", "tiny", "--steps", "2", "--rounds", "2",
-         "--repeats", "1"],
+        [sys.executable, "-m", "benchmarks", "working-set", "--config", "tiny", "--steps", "2",
+         "--rounds", "2", "--repeats", "1"],
         capture_output=True, text=True, cwd=ROOT, timeout=600, check=True,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     lines = result.stdout.splitlines()

@@ -42,7 +42,7 @@ def test_unknown_leading_dimensions_in_a_graph():
 
 
 def _spy_on_written_out_gradient(monkeypatch):
-    from keras_transformer import dense_gradient
+    from keras_transformer.kernels import dense as dense_gradient
 
     calls = []
     original = dense_gradient.dense
@@ -63,7 +63,7 @@ def _spy_on_written_out_gradient(monkeypatch):
 def test_training_gradient_written_out_equals_keras_dense(monkeypatch, units, d_in, activation,
                                                           use_bias):
     """In float32 training on TensorFlow, layers at least as wide as their
-    input take `dense_gradient.dense`; values and gradients stay Keras's."""
+    input take `kernels/dense.py`; values and gradients stay Keras's."""
     calls = _spy_on_written_out_gradient(monkeypatch)
     ours = Dense(units, activation=activation, use_bias=use_bias)
     theirs = keras.layers.Dense(units, activation=activation, use_bias=use_bias)
@@ -102,7 +102,7 @@ def test_written_out_gradient_only_where_it_pays(monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_transposed_copy_is_exact(dtype):
-    from keras_transformer.dense_gradient import transposed
+    from keras_transformer.kernels.dense import transposed
 
     kernel = tf.cast(tf.random.normal((5, 7)), dtype)
     np.testing.assert_array_equal(transposed(kernel).numpy(), tf.transpose(kernel).numpy())
@@ -112,19 +112,18 @@ def test_model_training_takes_the_written_out_gradient(monkeypatch, tiny_config)
     """`fit`'s training flag reaches the Dense layers inside the model: the
     attention projections and the feed-forward inner layers."""
     import keras_transformer as kt
-    from conftest import random_ids
+    from support.common import random_ids
 
-    calls = _spy_on_written_out_gradient(monkeypatch)
+    from keras_transformer.kernels import dense as dense_gradient
+
     taken = set()
-    decide = Dense._written_out_gradient
+    original = dense_gradient.dense
 
-    def spy(layer, inputs):
-        if decide(layer, inputs):
-            taken.add(layer.path)
-            return True
-        return False
+    def spy(x, kernel, *args, **kwargs):
+        taken.add(kernel.path)
+        return original(x, kernel, *args, **kwargs)
 
-    monkeypatch.setattr(Dense, "_written_out_gradient", spy)
+    monkeypatch.setattr(dense_gradient, "dense", spy)
     model = kt.Transformer(tiny_config)
     model.compile(optimizer="adam", loss=kt.LabelSmoothedCrossEntropy(0.1))
     source, target = random_ids((2, 6)), random_ids((2, 7), seed=1)
@@ -134,6 +133,5 @@ def test_model_training_takes_the_written_out_gradient(monkeypatch, tiny_config)
     # and each layer's inner feed-forward layer; the tied output projection
     # is the embedding's.
     assert len(taken) == (encoder * 4 + decoder * 8) + (encoder + decoder)
-    assert taken == {layer.path for layer in model._flatten_layers()
+    assert taken == {layer.kernel.path for layer in model._flatten_layers()
                      if isinstance(layer, Dense) and layer.units >= layer.kernel.shape[0]}
-    assert len(calls) >= len(taken)

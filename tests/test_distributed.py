@@ -8,12 +8,11 @@ import socket
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", }
+from support.processes import ENV, ROOT, write_corpus
 
 
 def test_mirrored_step_equals_one_device_step():
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "mirrored_step.py")],
+    out = subprocess.run([sys.executable, "-m", "tests.support.mirrored_step"],
                          capture_output=True, text=True, env=ENV, timeout=240, cwd=ROOT)
     line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
     assert out.returncode == 0 and line, out.stdout[-2000:] + out.stderr[-3000:]
@@ -38,16 +37,6 @@ def free_ports(n):
     for s in sockets:
         s.close()
     return ports
-
-
-def write_corpus(directory, n=120):
-    words = "the a dog cat man woman sees likes big small red house boat".split()
-    rows = [" ".join(words[(i * 7 + k * 3) % len(words)] for k in range(3 + i % 6))
-            for i in range(n)]
-    for split, part in (("train", rows), ("val", rows[:16])):
-        for lang, text in (("en", part), ("de", [r[::-1] for r in part])):
-            with open(os.path.join(directory, f"{split}.{lang}"), "w") as f:
-                f.write("\n".join(text) + "\n")
 
 
 def test_multi_worker_mirrored_workers_agree(tmp_path):

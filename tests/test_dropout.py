@@ -3,8 +3,18 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import philox_dropout
-from keras_transformer.layers.dropout import Dropout, dropout, keep_scale, keep_threshold
+from keras_transformer import dispatch
+from keras_transformer.kernels import dropout as philox_dropout
+from keras_transformer.layers.dropout import Dropout
+from keras_transformer.ops.dropout import keep_scale, keep_threshold
+
+
+def dropout(x, rate, seed, residual=None, portable=False):
+    """`dispatch.dropout`: on TensorFlow the Philox kernel, or with
+    `portable` the `keras.ops` form (`ops/dropout.py`), which other
+    backends always take."""
+    with dispatch.configured(fast_paths="off" if portable else "auto"):
+        return dispatch.dropout(x, rate, seed, residual)
 
 # Elements per statistical check: the kept fraction's standard deviation is
 # sqrt(0.09 / N) ~ 2.1e-4, so the 5-sigma bounds below are ~1e-3.
@@ -203,8 +213,8 @@ def test_fused_dropout_add_norm_equals_the_unfused_layers(dtype):
     # LayerNorm(residual + dropout(x)) in one cluster against dropout with
     # the residual add, then layer_norm: same key, so the same mask; values
     # and all four gradients agree.
-    from keras_transformer.layers.layer_norm import layer_norm
     from keras_transformer.layers.residual import ResidualNorm
+    from keras_transformer.ops.layer_norm import layer_norm
 
     rng = np.random.default_rng(8)
     x, residual = (tf.cast(tf.constant(rng.normal(size=(4, 16, 32)).astype("float32")), dtype)

@@ -1,4 +1,4 @@
-"""keras_transformer/eigen_slices.py: products in slices of their result's
+"""keras_transformer/kernels/eigen_slices.py: products in slices of their result's
 columns where TensorFlow multiplies float32 with Eigen and the result's
 rows are a multiple of 2,048 floats; and the training paths that take them
 (`dense_gradient.py`, `vocabulary_projection.py`, whose own tests are in
@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import compiled_attention, eigen_slices, tensorflow_kernels
-from conftest import train_with_and_without_eigen
+from keras_transformer import dispatch
+from keras_transformer.kernels import eigen_slices
+from support.common import force_matmul_kernels, train_with_and_without_eigen
+from support.float32 import assert_matmul_close
 
 
 @pytest.mark.parametrize("width,slice_size,expected", [
@@ -38,19 +40,22 @@ def test_matmul_equals_one_matmul(transpose_a, transpose_b, width, slice_size):
     ours = eigen_slices.matmul(a, b, transpose_a, transpose_b, slice_size=slice_size)
     reference = tf.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
     assert ours.shape == (6, width)
-    np.testing.assert_allclose(ours.numpy(), reference.numpy(), rtol=1e-6, atol=1e-6)
+    assert_matmul_close(ours.numpy(), reference.numpy(), a.T if transpose_a else a,
+                        b.T if transpose_b else b)
 
 
 def test_pays_only_for_multiples_of_2048_on_eigen(monkeypatch):
-    monkeypatch.setattr(tensorflow_kernels, "multiplies_with_eigen", lambda: True)
+    force_matmul_kernels(monkeypatch, "eigen")
     assert [w for w in (512, 1024, 2000, 2048, 3000, 4000, 4096, 8000, 8192, 32000, 32768, 37000)
-            if eigen_slices.pays(w)] == [2048, 4096, 8192, 32768]
-    monkeypatch.setattr(tensorflow_kernels, "multiplies_with_eigen", lambda: False)
-    assert not eigen_slices.pays(8192)
+            if dispatch.slices_pay(w)] == [2048, 4096, 8192, 32768]
+    with dispatch.configured(disabled={"eigen_slices"}):
+        assert not dispatch.slices_pay(8192)
+    force_matmul_kernels(monkeypatch, "onednn")
+    assert not dispatch.slices_pay(8192)
 
 
 def _eigen(monkeypatch, eigen):
-    monkeypatch.setattr(tensorflow_kernels, "multiplies_with_eigen", lambda: eigen)
+    force_matmul_kernels(monkeypatch, "eigen" if eigen else "onednn")
 
 
 def _matmuls_in_training_step(layer, x):
@@ -98,7 +103,6 @@ def test_dense_takes_slices_on_eigen_with_keras_values(monkeypatch, d_in, units,
     layer = Dense(units, activation=activation)
     layer.build(x.shape)
     assert _matmuls_in_training_step(layer, x)[1] == 3
-    assert layer._written_out_gradient(x) == (units >= d_in)
 
 
 def test_model_trains_the_same_in_slices(monkeypatch):
@@ -113,9 +117,10 @@ def test_model_trains_the_same_in_slices(monkeypatch):
     monkeypatch.setattr(eigen_slices, "matmul",
                         lambda a, b, *args, **kwargs: calls.append(b.shape) or original(
                             a, b, *args, **kwargs))
-    # Attention as it is without Eigen in both runs (`compiled_attention.py`
+    # Attention as it is without Eigen in both runs (`compiled_attention`
     # has its own test), so that only the slices differ.
-    monkeypatch.setattr(compiled_attention, "pays", lambda dtype: False)
+    monkeypatch.setattr(dispatch, "_settings", dict(dispatch._settings))
+    dispatch.configure(disabled={"compiled_attention"})
     runs = train_with_and_without_eigen(monkeypatch, config, calls)
     # In the Eigen run only, per trace of the step: the projection's forward
     # and table gradient, and each feed-forward layer's one (outer: input

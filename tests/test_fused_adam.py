@@ -5,7 +5,7 @@ import tensorflow as tf
 
 import keras_transformer as kt
 from keras_transformer.schedules import TransformerSchedule
-from keras_transformer.training.fused_adam import FusedAdam
+from keras_transformer.kernels.adam import FusedAdam
 
 SHAPES = [(6, 4), (4,), (10, 3)]
 

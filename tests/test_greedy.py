@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from keras_transformer.decoding import greedy_search
-from scripted import A, B, BOS, EOS, PAD, MarkovScript, random_tables, table
+from support.scripted import A, B, BOS, EOS, PAD, MarkovScript, random_tables, table
 
 
 def test_greedy_follows_the_argmax_and_stops_at_eos():

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 import keras_transformer as kt
-from conftest import random_ids
+from support.common import random_ids
 
 
 @pytest.mark.parametrize("norm_first", [False, True])

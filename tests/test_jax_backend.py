@@ -3,7 +3,7 @@ with KERAS_BACKEND=jax, without TensorFlow (issue 5: train and time on hosts
 that have JAX but no TensorFlow).
 
 The backend is fixed when Keras is imported, so the check runs in a fresh
-process (tests/backends/jax_check.py). It uses this interpreter when JAX is
+process (tests/support/jax_check.py). It uses this interpreter when JAX is
 installed here, else the interpreter named by KT_JAX_PYTHON (e.g. a venv with
 only `jax keras pytest numpy`), and is skipped when neither has JAX.
 """
@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-CHECK = os.path.join(os.path.dirname(__file__), "backends", "jax_check.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -32,15 +32,17 @@ def jax_python():
     pytest.skip("JAX is not installed (pip install 'jax[cpu]', or set KT_JAX_PYTHON)")
 
 
-# On the CPU unless the caller names a platform (JAX_PLATFORMS=cuda on a GPU host).
+# On the CPU unless the caller names a platform (JAX_PLATFORMS=cuda on a GPU
+# host). The JAX interpreter may have no install of the library: it imports
+# it, and the check itself, from the checkout.
 JAX_ENV = {**os.environ, "KERAS_BACKEND": "jax",
-           "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+           "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"), "PYTHONPATH": ROOT}
 
 
 @pytest.fixture(scope="module")
 def jax_report(jax_python):
-    result = subprocess.run([jax_python, CHECK], capture_output=True, text=True, env=JAX_ENV,
-                            timeout=600)
+    result = subprocess.run([jax_python, "-m", "tests.support.jax_check"], capture_output=True,
+                            text=True, env=JAX_ENV, cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -82,8 +84,7 @@ def test_fit_with_dropout_and_the_paper_optimizer_on_jax(jax_report):
     assert jax_report["dropout_fit_last_loss"] < 0.8 * jax_report["dropout_fit_first_loss"]
 
 
-BENCHMARK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                         "benchmarks", "jax_benchmark.py")
+BENCHMARK = ["-m", "benchmarks", "jax"]
 
 
 def test_keras_masks_are_padding_masks_on_jax(jax_report):
@@ -94,15 +95,15 @@ def test_keras_masks_are_padding_masks_on_jax(jax_report):
 
 
 def test_jax_benchmark_reports_throughput_and_utilisation(jax_python, tmp_path):
-    """benchmarks/jax_benchmark.py (GPU hosts without TensorFlow) runs each
+    """`python -m benchmarks jax` (GPU hosts without TensorFlow) runs each
     config x precision in its own process and reports issue 5's figures."""
     out = tmp_path / "report.json"
     result = subprocess.run(
-        [jax_python, BENCHMARK, "--config", "tiny", "--precision", "float32,mixed_bfloat16",
+        [jax_python, *BENCHMARK, "--config", "tiny", "--precision", "float32,mixed_bfloat16",
          "--train-shapes", "4x6x5,2x3x4", "--translate-shapes", "2x5", "--rounds", "1",
          "--train-steps", "2", "--translate-repeats", "1", "--peak-size", "256",
          "--set", "dropout=0.2", "--json", str(out)],
-        capture_output=True, text=True, env=JAX_ENV, timeout=600)
+        capture_output=True, text=True, env=JAX_ENV, cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     reports = json.loads(out.read_text())["reports"]
     assert [r["precision"] for r in reports] == ["float32", "mixed_bfloat16"]
@@ -123,8 +124,8 @@ def test_jax_benchmark_reports_throughput_and_utilisation(jax_python, tmp_path):
 
 def test_jax_benchmark_refuses_another_backend(jax_python):
     result = subprocess.run(
-        [jax_python, BENCHMARK, "--config", "tiny", "--in-process", "--what", "translate"],
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, "KERAS_BACKEND": "numpy"})
+        [jax_python, *BENCHMARK, "--config", "tiny", "--in-process", "--what", "translate"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env={**JAX_ENV, "KERAS_BACKEND": "numpy"})
     assert result.returncode != 0
     assert "needs 'jax'" in result.stderr + result.stdout

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer.layers.layer_norm import LayerNormalization, layer_norm
+from keras_transformer.layers.layer_norm import LayerNormalization
+from keras_transformer.ops.layer_norm import layer_norm
 
 
 def _pair(d, dtype="float32", seed=0):

@@ -1,14 +1,14 @@
 """scripts/multi30k.sh end to end on a tiny stand-in corpus with Multi30k's
 file layout: a wall-time-budgeted training run (--max-minutes), checkpoint
 averaging, beam search over test_2016_flickr and sacreBLEU. The real run is
-in the README (Recipes)."""
+in docs/training.md (Recipes)."""
 
 import gzip
 import os
 import re
 import subprocess
 
-from tests.test_distributed import ENV, ROOT, write_corpus
+from support.processes import ENV, ROOT, write_corpus
 
 
 def test_the_recipe_runs_on_a_time_budget(tmp_path):

@@ -1,4 +1,5 @@
-"""training/train.py end to end: kill -9 after a checkpoint, rerun, resume."""
+"""kt-train (keras_transformer/cli/train.py, run here as its script form
+training/train.py) end to end: kill -9 after a checkpoint, rerun, resume."""
 
 import os
 import re
@@ -10,15 +11,16 @@ import time
 import tensorflow as tf
 
 import keras_transformer as kt
-from tests.test_distributed import ENV, ROOT, write_corpus
+from support.processes import ENV, ROOT, write_corpus
 
 
 def test_help_is_usable():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "training", "train.py"), "--help"],
                          capture_output=True, text=True, env=ENV, timeout=120)
     assert out.returncode == 0
+    assert out.stdout.startswith("usage: kt-train ")
     for flag in ("--strategy", "--precision", "--accumulation-steps", "--checkpoint-every",
-                 "--batch-tokens", "--data", "examples:"):
+                 "--batch-tokens", "--data", "examples:", "--tf-verbose", "--system-malloc"):
         assert flag in out.stdout
 
 
@@ -94,7 +96,7 @@ def test_max_minutes_stops_fit_after_the_time_budget():
 
 
 def test_max_minutes_and_jit_compile_are_validated():
-    from keras_transformer.training import trainer
+    from keras_transformer.cli import train as trainer
 
     base = ["--run-dir", "r", "--data", "builtin", "--src-lang", "en", "--tgt-lang", "synth"]
     for extra, message in ((["--max-minutes", "0"], "--max-minutes must be positive"),
@@ -114,8 +116,8 @@ def test_max_minutes_and_jit_compile_are_validated():
 def test_jit_compile_trains_with_xla_on_one_shape_per_bucket(tmp_path, monkeypatch):
     import numpy as np
 
+    from keras_transformer.cli import train as trainer
     from keras_transformer.data import batching
-    from keras_transformer.training import trainer
 
     data = tmp_path / "data"
     data.mkdir()

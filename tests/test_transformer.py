@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import keras_transformer as kt
-from conftest import random_ids
+from support.common import random_ids
 
 
 def test_logits_shape_and_dtype(tiny_config):

@@ -12,7 +12,7 @@ from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 from keras_transformer.layers.layer_norm import LayerNormalization
 from keras_transformer.layers.masks import keras_mask, padding_mask
 from keras_transformer.layers.residual import ResidualNorm
-from tests import keras_masks
+from support import keras_masks
 
 SIZES = dict(d_model=8, num_heads=2, d_ff=12, dropout=0.2, attention_dropout=0.1,
              activation_dropout=0.05, norm_first=True, epsilon=1e-5)

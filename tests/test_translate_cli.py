@@ -1,30 +1,19 @@
-"""training/export.py, translate.py and evaluate.py on a hand-made run
-directory."""
+"""kt-export, kt-translate and kt-evaluate (keras_transformer/cli/) on a
+hand-made run directory."""
 
-import importlib.util
 import io
 import json
-import os
 
 import pytest
 import tensorflow as tf
 
 import keras_transformer as kt
+from keras_transformer.cli import evaluate, export, translate
 from keras_transformer.run_directory import RunDirectory
 from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
 from test_tokenizer import CORPUS
 
-ROOT = os.path.join(os.path.dirname(__file__), "..")
 SOURCES = ["Ein Mann fährt mit dem Fahrrad.", "", "Die Mädchen überqueren die Straße."]
-
-
-def script(name):
-    spec = importlib.util.spec_from_file_location(
-        f"training_{name}", os.path.join(ROOT, "training", f"{name}.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def make_run_directory(path):
@@ -43,21 +32,22 @@ def make_run_directory(path):
     return run
 
 
-def test_export_translate_and_evaluate(tmp_path):
+def test_export_translate_and_evaluate(tmp_path, capsys):
     run = make_run_directory(str(tmp_path / "de_en"))
     source = tmp_path / "test.de"
     source.write_bytes("\n".join(SOURCES).encode("utf-8") + b"\n\xff\xfe\n")
     reference = tmp_path / "test.en"
     reference.write_text("A man rides a bike.\n\nThe girls cross the street.\nNothing.\n")
 
-    exported = script("export").main([
+    exported = export.export([
         "--run-dir", run.path, "--output-dir", str(tmp_path / "saved_models"),
         "--beam-size", "2", "--extra-length", "3",
     ])
     assert exported == str(tmp_path / "saved_models" / "de_en" / "1")
+    assert capsys.readouterr().out == exported + "\n"
 
     out = io.StringIO()
-    from_saved, saved_scores = script("translate").main(
+    from_saved, saved_scores = translate.translate(
         ["--saved-model", str(tmp_path / "saved_models" / "de_en"), "--input", str(source),
          "--scores"], stdout=out,
     )
@@ -66,7 +56,7 @@ def test_export_translate_and_evaluate(tmp_path):
     assert from_saved[1] == "" and from_saved[0]
     # The default above ran the SavedModel's translate_xla; its XLA-free
     # serving_default gives the same.
-    saved_no_xla, saved_no_xla_scores = script("translate").main(
+    saved_no_xla, saved_no_xla_scores = translate.translate(
         ["--saved-model", exported, "--input", str(source), "--scores", "--no-xla"],
         stdout=io.StringIO(),
     )
@@ -74,12 +64,12 @@ def test_export_translate_and_evaluate(tmp_path):
     assert saved_no_xla_scores == pytest.approx(saved_scores, abs=1e-4)
 
     out = io.StringIO()
-    from_run, run_scores = script("translate").main(
+    from_run, run_scores = translate.translate(
         ["--run-dir", run.path, "--input", str(source), "--beam-size", "2",
          "--extra-length", "3"], stdout=out,
     )
     assert from_run == from_saved  # same checkpoint restored, same decoding (XLA here)
-    without_xla, _ = script("translate").main(
+    without_xla, _ = translate.translate(
         ["--run-dir", run.path, "--input", str(source), "--beam-size", "2",
          "--extra-length", "3", "--no-xla"], stdout=io.StringIO(),
     )
@@ -88,7 +78,7 @@ def test_export_translate_and_evaluate(tmp_path):
     assert out.getvalue() == "".join(t + "\n" for t in from_run)
 
     out = io.StringIO()
-    scores = script("evaluate").main(
+    scores = evaluate.evaluate(
         ["--saved-model", exported, "--source", str(source), "--reference", str(reference),
          "--hypotheses", str(tmp_path / "hyp"), "--json"], stdout=out,
     )
@@ -98,6 +88,11 @@ def test_export_translate_and_evaluate(tmp_path):
     assert 0.0 <= scores["bleu"] <= 100.0 and 0.0 <= scores["chrf"] <= 100.0
     assert (tmp_path / "hyp").read_text(encoding="utf-8").split("\n")[:-1] == from_saved
 
+    # The command's main: the same lines on stdout, and exit status 0.
+    capsys.readouterr()
+    assert translate.main(["--saved-model", exported, "--input", str(source)]) == 0
+    assert capsys.readouterr().out == "".join(t + "\n" for t in from_saved)
+
 
 def test_a_mismatched_reference_is_a_clear_error(tmp_path):
     source = tmp_path / "a"
@@ -105,8 +100,8 @@ def test_a_mismatched_reference_is_a_clear_error(tmp_path):
     reference = tmp_path / "b"
     reference.write_text("x\n")
     with pytest.raises(SystemExit):
-        script("evaluate").main(["--run-dir", str(tmp_path), "--source", str(source),
-                                 "--reference", str(reference)])
+        evaluate.main(["--run-dir", str(tmp_path), "--source", str(source),
+                       "--reference", str(reference)])
 
 
 def test_a_model_checkpoint_holds_every_weight(tmp_path):

@@ -11,7 +11,6 @@ from keras_transformer.run_directory import RunDirectory
 from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
 from keras_transformer.visualization import plot_attention
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = ["the dog sees a cat", "lus hund sieht kat", "a big bird flies", "trit vogel fliegt"] * 30
 
 
@@ -34,7 +33,7 @@ def test_visualize_cli_writes_every_picture(tmp_path):
     tf.train.Checkpoint(model=model).save(os.path.join(run.checkpoint_dir, "ckpt"))
     out = tmp_path / "pictures"
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "training", "visualize.py"), "--run-dir", run.path,
+        [sys.executable, "-m", "keras_transformer.cli.visualize", "--run-dir", run.path,
          "--sentence", "the dog sees a cat", "--output-dir", str(out)],
         capture_output=True, text=True, timeout=300,
     )

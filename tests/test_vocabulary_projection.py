@@ -1,4 +1,4 @@
-"""keras_transformer/vocabulary_projection.py: the tied projection in
+"""keras_transformer/kernels/vocabulary_projection.py: the tied projection in
 training, in slices of the vocabulary where TensorFlow multiplies with
 Eigen and the vocabulary is a multiple of 2,048. The decision itself, the
 slice sizes and a model trained through the slices: `test_eigen_slices.py`."""
@@ -9,8 +9,9 @@ import pytest
 import tensorflow as tf
 from support.float32 import assert_matmul_close
 
-from keras_transformer import tensorflow_kernels, vocabulary_projection
+from keras_transformer.kernels import vocabulary_projection
 from keras_transformer.layers.embedding import TokenEmbedding
+from support.common import force_matmul_kernels
 
 
 @pytest.mark.parametrize("vocab,slice_size", [(10, 4), (12, 4), (7, 16)])
@@ -57,10 +58,10 @@ def test_token_embedding_trains_in_slices_where_it_pays(monkeypatch):
     monkeypatch.setattr(vocabulary_projection, "logits",
                         lambda *args: calls.append(args[1].shape) or original(*args))
 
-    monkeypatch.setattr(tensorflow_kernels, "multiplies_with_eigen", lambda: False)
+    force_matmul_kernels(monkeypatch, "onednn")
     whole = _logits_and_gradients(embedding, x, training=True)
     assert calls == []
-    monkeypatch.setattr(tensorflow_kernels, "multiplies_with_eigen", lambda: True)
+    force_matmul_kernels(monkeypatch, "eigen")
     sliced = _logits_and_gradients(embedding, x, training=True)
     assert calls == [(2048, 8)]
     assert sliced[0].shape == (2, 3, 2048) and sliced[0].dtype == np.float32
@@ -82,7 +83,7 @@ def test_token_embedding_trains_in_slices_where_it_pays(monkeypatch):
 
 
 def test_not_under_mixed_precision(monkeypatch):
-    monkeypatch.setattr(tensorflow_kernels, "multiplies_with_eigen", lambda: True)
+    force_matmul_kernels(monkeypatch, "eigen")
     calls = []
     monkeypatch.setattr(vocabulary_projection, "logits", lambda *args: calls.append(1))
     embedding = TokenEmbedding(2048, 8, dtype="mixed_bfloat16")

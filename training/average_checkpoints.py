@@ -1,37 +1,12 @@
-"""Average the last K checkpoints of a run into run_dir/averaged/ (paper 6.1:
-5 for base, 20 for big). Evaluation and export then use the average."""
+"""kt-average as a script: average the last checkpoints of a run. Run with --help.
 
-import argparse
-import os
+The command lives in keras_transformer/cli/average.py; this script runs it from a
+checkout where the package is installed (scripts/venv.sh installs it).
+"""
+
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--run-dir", required=True, help="a run directory written by train.py")
-    p.add_argument("--num", type=int, default=5, help="how many of the newest checkpoints")
-    p.add_argument("--checkpoints", nargs="*", default=None,
-                   help="explicit checkpoint prefixes instead of the newest --num")
-    p.add_argument("--allow-fewer", action="store_true",
-                   help="average all kept checkpoints when there are fewer than --num "
-                        "(default: an error)")
-    args = p.parse_args(argv)
-    from keras_transformer.training.checkpoints import average_checkpoints
-
-    try:
-        output, inputs = average_checkpoints(args.run_dir, args.num, args.checkpoints,
-                                             allow_fewer=args.allow_fewer)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"Averaged {len(inputs)} checkpoints ({', '.join(os.path.basename(p) for p in inputs)}) "
-          f"into {output}")
-    return 0
-
+from keras_transformer.cli.average import main
 
 if __name__ == "__main__":
     sys.exit(main())

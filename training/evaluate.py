@@ -1,63 +1,12 @@
-#!/usr/bin/env python
-"""Translates a test set and scores it with sacreBLEU (BLEU and chrF) on the
-detokenized output, printing sacreBLEU's signature strings.
+"""kt-evaluate as a script: translate a test set and score it with sacreBLEU. Run with --help.
 
-    python training/evaluate.py --run-dir runs/base \\
-        --source ../shared/data/multi30k/test_2016_flickr.en.gz \\
-        --reference ../shared/data/multi30k/test_2016_flickr.de.gz
-
-One sentence per line in --source and --reference (.gz ok). The
-translations can be kept with --hypotheses.
+The command lives in keras_transformer/cli/evaluate.py; this script runs it from a
+checkout where the package is installed (scripts/venv.sh installs it).
 """
 
-if __name__ == "__main__":
-    # Before TensorFlow loads: glibc malloc settings (see training/fast_malloc.py).
-    import fast_malloc
-
-    fast_malloc.apply()
-
-import json
 import sys
 
-from keras_transformer.evaluation import score_translations
-from keras_transformer.export.cli import (
-    decoding_options,
-    one_line,
-    open_from_args,
-    read_lines,
-    translation_parser,
-)
-
-
-def main(argv=None, stdout=None):
-    parser = translation_parser(__doc__)
-    parser.add_argument("--source", required=True, help="source sentences, one per line")
-    parser.add_argument("--reference", required=True, help="reference translations")
-    parser.add_argument("--hypotheses", help="also write the translations here")
-    parser.add_argument("--tokenize", default="13a",
-                        help="sacreBLEU BLEU tokenizer (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--json", action="store_true", help="print the scores as JSON")
-    args = parser.parse_args(argv)
-    out = stdout or sys.stdout
-    sources = read_lines(args.source)
-    references = [r.decode("utf-8", "replace") for r in read_lines(args.reference)]
-    if len(sources) != len(references):
-        parser.error(f"{len(sources)} source lines but {len(references)} reference lines.")
-    translator = open_from_args(args)
-    translations, _ = translator.translate(sources, batch_size=args.batch_size,
-                                           **decoding_options(args, translator))
-    translations = [one_line(t) for t in translations]
-    if args.hypotheses:
-        with open(args.hypotheses, "w", encoding="utf-8") as f:
-            f.writelines(t + "\n" for t in translations)
-    scores = score_translations(translations, references, tokenize=args.tokenize)
-    if args.json:
-        out.write(json.dumps(scores, indent=2) + "\n")
-    else:
-        out.write(scores["bleu_text"] + "\n" + scores["chrf_text"] + "\n")
-    return scores
-
+from keras_transformer.cli.evaluate import main
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

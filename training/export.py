@@ -1,47 +1,12 @@
-#!/usr/bin/env python
-"""Exports a trained model as a SavedModel that TF Serving serves: strings
-in, strings out.
+"""kt-export as a script: export a trained model as a SavedModel. Run with --help.
 
-    python training/export.py --run-dir runs/base --name de_en
-    # -> saved_models/de_en/<next version>/  (written to a temporary
-    #    directory and renamed, so a running server never sees half a model)
-
-The SavedModel has the signatures `serving_default` (text -> translation,
-score, with --beam-size/--alpha/--extra-length fixed at export),
-`translate_with_options` (the same plus beam_size, alpha, extra_length
-inputs) and `translate_ids` (token ids in and out). It needs only
-TensorFlow and tensorflow-text to load.
+The command lives in keras_transformer/cli/export.py; this script runs it from a
+checkout where the package is installed (scripts/venv.sh installs it).
 """
 
-import argparse
-import os
+import sys
 
-from keras_transformer.export import export_translator, translator_from_run_directory
-from keras_transformer.export.cli import add_decoding_arguments, add_model_arguments
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_model_arguments(parser, saved_model=False)
-    add_decoding_arguments(parser, xla=False)
-    parser.add_argument("--name", help="model name, the <name> in saved_models/<name>/ "
-                        "(default: the run directory's name)")
-    parser.add_argument("--output-dir", default="saved_models",
-                        help="where <name>/<version>/ is written (default: %(default)s)")
-    parser.add_argument("--version", type=int,
-                        help="version number (default: one more than the newest)")
-    args = parser.parse_args(argv)
-    translator = translator_from_run_directory(
-        args.run_dir, args.checkpoint, beam_size=args.beam_size, alpha=args.alpha,
-        extra_length=args.extra_length,
-    )
-    name = args.name or os.path.basename(os.path.normpath(args.run_dir))
-    path = export_translator(translator, args.output_dir, name, args.version)
-    print(path)
-    return path
-
+from keras_transformer.cli.export import main
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

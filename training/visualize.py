@@ -1,77 +1,12 @@
-"""Pictures of a trained model: attention maps of one translated sentence
-(encoder self-attention, decoder self-attention, encoder-decoder attention;
-every layer and head, tokens on the axes) and the positional encoding.
+"""kt-visualize as a script: draw the attention maps of one translation. Run with --help.
 
-    python training/visualize.py --run-dir runs/demo --sentence "the dog sees a cat" \
-        --output-dir runs/demo/pictures
+The command lives in keras_transformer/cli/visualize.py; this script runs it from a
+checkout where the package is installed (scripts/venv.sh installs it).
 """
 
-import argparse
-import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from keras_transformer.decoding import beam_search_translate  # noqa: E402
-from keras_transformer.run_directory import RunDirectory  # noqa: E402
-from keras_transformer.visualization import (  # noqa: E402
-    plot_positional_encoding,
-    plot_translation_attention,
-)
-
-
-def visualize(run_dir, sentence, output_dir, checkpoint=None, beam_size=4, alpha=0.6):
-    """Translates `sentence` with the run's model and writes the PNGs.
-
-    Returns: `(translation, {name: path})`.
-    """
-    run = RunDirectory(run_dir)
-    tokenizer = run.load_tokenizer()
-    model = run.load_model(checkpoint)
-    source = tokenizer.tokenize(tf.constant([sentence])).to_list()[0]
-    if not source:
-        raise ValueError("The sentence is empty after tokenization; nothing to visualise.")
-    source_ids = np.array([source[: model.config.max_length - 1] + [tokenizer.eos_id]], "int32")
-    sequences, _ = beam_search_translate(model, source_ids, beam_size=beam_size, alpha=alpha)
-    output = []
-    for token in np.asarray(sequences)[0, 0].tolist():
-        output.append(token)
-        if token == tokenizer.eos_id:
-            break
-    target_ids = np.array([[tokenizer.bos_id] + output[:-1]], "int32")
-    pieces = lambda ids: [p.decode("utf-8") for p in tokenizer.id_to_piece(ids).numpy()]  # noqa: E731
-    paths = plot_translation_attention(
-        model, pieces(source_ids[0]), source_ids, pieces(target_ids[0]), target_ids,
-        output_dir,
-    )
-    paths["positional_encoding"] = plot_positional_encoding(
-        64, model.config.d_model, os.path.join(output_dir, "positional_encoding.png")
-    )
-    translation = tokenizer.detokenize(np.array([output], "int32")).numpy()[0].decode("utf-8")
-    return translation, paths
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run-dir", required=True, help="a training run directory")
-    parser.add_argument("--sentence", required=True, help="source sentence to translate")
-    parser.add_argument("--output-dir", help="where to write PNGs (default <run-dir>/pictures)")
-    parser.add_argument("--checkpoint", help="checkpoint prefix (default: averaged or latest)")
-    parser.add_argument("--beam-size", type=int, default=4)
-    parser.add_argument("--alpha", type=float, default=0.6)
-    args = parser.parse_args(argv)
-    output_dir = args.output_dir or os.path.join(args.run_dir, "pictures")
-    translation, paths = visualize(args.run_dir, args.sentence, output_dir, args.checkpoint,
-                                   args.beam_size, args.alpha)
-    print(f"source:      {args.sentence}\ntranslation: {translation}")
-    for name, path in paths.items():
-        print(f"{name:20s} {path}")
-
+from keras_transformer.cli.visualize import main
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -167,9 +167,8 @@ def token_batches(
         repeat: repeat the pairs forever (training with `steps_per_epoch`).
         cache_tokenized: tokenize the pairs once and keep the ids in memory
             (shuffled and repeated from there), instead of tokenizing every
-            epoch. Tokenizing costs ~9 ms of CPU per 1,000 target tokens
-            here, which on a 2-core machine competes with training (~5% of
-            it for `small`, ~10% for the demo model); the cache holds the
+            epoch. Tokenizing competes with training for the CPU on a
+            small machine (docs/performance.md); the cache holds the
             three id tensors of every pair (Multi30k: a few MB; WMT14's
             4.5M pairs: ~1.5 GB), so it is off by default.
         fixed_shapes: one batch shape per bucket, for XLA (which compiles

@@ -55,10 +55,8 @@ def sentences_for_vocabulary(pairs, max_pairs=None, batch_size=VOCABULARY_READ_B
     then target, pair by pair), for training the shared subword vocabulary.
 
     Read in batches of `batch_size` pairs: each element tf.data hands to
-    Python costs ~0.3 ms, so reading the built-in corpus's 40,000 pairs one
-    at a time took 11.5-12.2 s, and 0.06-0.15 s in batches (benchmarks/README.md,
-    "Vocabulary input"); at that rate the default `--vocab-sentences`, a
-    million pairs, would take minutes. Same sentences in the same order, so
+    Python has a fixed cost, which one pair at a time would pay a million
+    times for the default `--vocab-sentences` (docs/performance.md). Same sentences in the same order, so
     the same vocabulary.
     """
     if max_pairs:

@@ -106,8 +106,7 @@ def parallel_text_dataset(source_path, target_path, validate=True):
 
     # No map over the lines: `TextLineDataset` already drops every `\r`
     # (Windows line ends; tests/test_text_files.py holds it), and a map call
-    # per line cost ~10x the reading (Multi30k's 29,000 training pairs:
-    # 1.9-2.6 s against 0.15-0.16 s; benchmarks/README.md, "Vocabulary input").
+    # per line costs many times the reading (docs/performance.md).
     return tf.data.Dataset.zip(_line_dataset(source_path), _line_dataset(target_path))
 
 

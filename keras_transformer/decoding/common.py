@@ -98,9 +98,8 @@ def cache_phases(max_length, first=FIRST_CACHE_PHASE):
     though most searches stop long before the limit (the paper's limit is
     input + 50). Grown in phases, each a fixed-shape loop (XLA compiles one
     per phase), step `t` costs about `max(t, first)` to `1.5 t`. Growing by
-    half rather than doubling: beam search +3.7% at the bench's input + 10,
-    +2.8% at input + 50; more loops to compile at long limits (a one-off
-    cost per shape: ~20% longer at input + 50; benchmarks/README.md). A
+    half rather than doubling trades a little search time for more loops to
+    compile at long limits (docs/performance.md). A
     `max_length` known only at run time (a tensor) gives one phase.
     """
     if not isinstance(max_length, int):

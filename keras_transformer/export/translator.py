@@ -50,8 +50,7 @@ EXTRA_LENGTH_SPEC = tf.TensorSpec([], tf.int32, name="extra_length")
 SOURCE_LENGTH_BUCKET = 8
 # The same for `Translator.translate(..., jit_compile=True)` (a test set,
 # translated once): there compiling is most of the time, so fewer, coarser
-# buckets pay. The demo's 500 test sentences: 15.2 vs 25.5 s with the
-# compiles, 1.3 vs 1.5 s after them (benchmarks/README.md, "What was tried").
+# buckets pay (docs/performance.md).
 TEST_SET_LENGTH_BUCKET = 16
 
 
@@ -223,8 +222,8 @@ class Translator(tf.Module):
         """The SavedModel signatures: name -> `tf.function` (each has its
         input signature). Functions, not concrete functions: `tf.saved_model.save`
         traces under its own context, so a concrete function traced here
-        beforehand would be traced a second time there (twice the export
-        time; benchmarks/README.md, "Export time")."""
+        beforehand would be traced a second time there, doubling the
+        export time."""
         return {
             "serving_default": self.serve,
             "translate_with_options": self.serve_with_options,
@@ -245,8 +244,8 @@ class Translator(tf.Module):
             jit_compile: run the search with XLA. Batches are padded to
                 `batch_size` rows and source lengths to a multiple of
                 `TEST_SET_LENGTH_BUCKET` (16), so XLA compiles once per
-                length bucket, not once per batch. Same translations, about twice
-                as fast on CPU (see README, Benchmarks).
+                length bucket, not once per batch. Same translations, faster
+                on CPU (docs/performance.md).
 
         Returns: `(translations: list of str, scores: list of float)`.
         """

@@ -1,6 +1,7 @@
 """Paper section 3 as Keras layers: one module per concept."""
 
-from keras_transformer.layers.attention import MultiHeadAttention, scaled_dot_product_attention
+from keras_transformer.layers.attention import MultiHeadAttention
+from keras_transformer.ops.attention import scaled_dot_product_attention
 from keras_transformer.layers.decoder import Decoder, DecoderLayer
 from keras_transformer.layers.embedding import PositionalEmbedding, TokenEmbedding
 from keras_transformer.layers.encoder import Encoder, EncoderLayer

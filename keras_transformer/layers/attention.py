@@ -1,4 +1,5 @@
-"""Scaled dot-product and multi-head attention (paper section 3.2).
+"""Multi-head attention (paper section 3.2.2) over the scaled dot-product
+attention of `keras_transformer/ops/attention.py` (section 3.2.1).
 
 Mask convention (the same as `keras.layers.MultiHeadAttention`): a mask entry
 that is True (or 1) means the query MAY attend to that key; False (or 0) hides
@@ -8,58 +9,13 @@ a look-ahead leak when the two were mixed, so every mask in this package is
 built by `keras_transformer.layers.masks` and means "visible".
 """
 
-import math
-
 import keras
 from keras import ops
 
+from keras_transformer import dispatch
 from keras_transformer.layers.dense import Dense
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.masks import TakesAttentionMask
-
-# Softmax runs in float32 even under a mixed-precision policy; this is a large
-# finite negative for float32 (not -inf, so that a fully masked row gives a
-# uniform distribution instead of NaN, and `x * 0` stays 0).
-_MASK_VALUE = -1e9
-
-
-def scaled_dot_product_attention(q, k, v, mask=None, dropout=None, training=None):
-    """softmax(Q K^T / sqrt(d_k)) V, paper equation (1).
-
-    Args:
-        q: queries, `(..., q_len, d_k)`.
-        k: keys, `(..., k_len, d_k)`.
-        v: values, `(..., k_len, d_v)`.
-        mask: optional boolean, broadcastable to `(..., q_len, k_len)`;
-            True = may attend.
-        dropout: optional `Dropout` layer applied to the weights.
-        training: passed to `dropout`.
-
-    Returns:
-        `(output, attention_weights)`: `(..., q_len, d_v)` in the dtype of
-        `v`, and `(..., q_len, k_len)` in float32.
-    """
-    d_k = ops.shape(q)[-1]
-    # Scale the queries rather than the logits: q_len x d_k multiplies instead
-    # of q_len x k_len, and the same result.
-    q = ops.multiply(q, ops.cast(1.0 / math.sqrt(d_k), q.dtype))
-    logits = ops.matmul(q, ops.swapaxes(k, -1, -2))
-    logits = ops.cast(logits, "float32")
-    if mask is not None:
-        logits = ops.where(ops.cast(mask, "bool"), logits, _MASK_VALUE)
-    if logits.shape[-1] == 1:
-        # One key (a one-token target's self-attention, e.g. the first step
-        # of a decoding loop that re-runs the model on the growing target):
-        # softmax over it is exp(l - l) = 1, NaN for NaN, as written here
-        # because Keras's softmax warns on a size-1 axis ("Did you mean to
-        # use a sigmoid instead?"), a classifier's mistake, not this.
-        weights = ops.exp(logits - logits)
-    else:
-        weights = ops.softmax(logits, axis=-1)
-    dropped = weights if dropout is None else dropout(weights, training=training)
-    output = ops.matmul(ops.cast(dropped, v.dtype), v)
-    return output, weights
-
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class MultiHeadAttention(TakesAttentionMask, keras.layers.Layer):
@@ -187,35 +143,16 @@ class MultiHeadAttention(TakesAttentionMask, keras.layers.Layer):
         Returns:
             `(output, attention_weights)` as in `call`.
         """
-        # No fused kernel (`ops.dot_product_attention`): it paid nowhere it was
-        # measured. On TensorFlow it is two einsums around a softmax, slower
-        # on CPU than these batched matmuls; on JAX/GPU it was level in
-        # training and 1.09-1.53x slower in bfloat16 beam search, where cuDNN
-        # also rejects the broadcast padding mask (benchmarks/README.md, GPU details).
-        # Where TensorFlow multiplies float32 with Eigen, its batched matmul
-        # is slow on the heads' small matrices; training compiles the core
-        # with XLA there (`compiled_attention.py`, the bench step 1.09-1.12x).
-        if training and not return_attention_weights and self._compiled(q_heads):
-            from keras_transformer import compiled_attention  # TensorFlow only
-
-            out = compiled_attention.attention(
-                q_heads, k_heads, v_heads, None if mask is None else ops.cast(mask, "bool"))
-            return self.dense(self.merge_heads(out)), None
-        out, weights = scaled_dot_product_attention(
+        # Not `ops.dot_product_attention`: on TensorFlow it is two einsums
+        # around a softmax, slower on CPU than these batched matmuls, and
+        # cuDNN rejects the broadcast padding mask (docs/performance.md).
+        out, weights = dispatch.attention(
             q_heads, k_heads, v_heads, mask,
             dropout=self.attention_dropout if self.dropout else None,
             training=training,
+            return_attention_weights=return_attention_weights,
         )
         return self.dense(self.merge_heads(out)), weights if return_attention_weights else None
-
-    def _compiled(self, q_heads):
-        """Whether training takes `compiled_attention.attention`: TensorFlow
-        multiplying float32 with Eigen, and no dropout on the weights."""
-        if keras.backend.backend() != "tensorflow" or self.dropout:
-            return False
-        from keras_transformer import compiled_attention  # TensorFlow only
-
-        return compiled_attention.pays(keras.backend.standardize_dtype(q_heads.dtype))
 
     def call(self, v, k, q, mask=None, training=None, return_attention_weights=True):
         k_heads, v_heads = self.project_keys_and_values(k, v)

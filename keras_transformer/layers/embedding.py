@@ -6,15 +6,13 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer import dispatch
+from keras_transformer.config import POSITION_ENCODINGS
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.position_encoding import (
     LearnedPositionEmbedding,
     SinusoidalPositionEncoding,
 )
-
-# "none" exists for ablations only: without positions the encoder is
-# permutation-equivariant and cannot use word order.
-POSITION_ENCODINGS = ("sinusoidal", "learned", "none")
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -68,38 +66,17 @@ class TokenEmbedding(keras.layers.Layer):
 
         Outside training it is computed as `(E x^T)^T`, the same products:
         TensorFlow's CPU matmul is slow with the large operand transposed
-        and few rows, which is every decoding step (8,192 x 256 table,
-        without XLA: 4 rows 4.1 vs 1.0 ms, 128 rows 12.8 vs 4.6 ms; XLA
-        compiles the two forms alike). Training keeps `x E^T`, the form
-        its gradients were measured in (benchmarks/README.md); where
-        TensorFlow multiplies with Eigen rather than oneDNN and the
-        vocabulary is a multiple of 2,048, in slices of the vocabulary
-        (`vocabulary_projection.py`, `eigen_slices.py`: Eigen is ~2x
-        slower on such rows).
+        and few rows, which is every decoding step (XLA compiles the two
+        forms alike). Training keeps `x E^T`, through
+        `keras_transformer.dispatch.vocabulary_logits`.
         """
         kernel = ops.cast(self.embeddings, x.dtype)
-        in_slices = training and self._projection_in_slices(x)
-        if training and not in_slices:
-            return ops.cast(ops.matmul(x, ops.transpose(kernel)), "float32")
+        if training:
+            return ops.cast(dispatch.vocabulary_logits(x, kernel), "float32")
         shape = ops.shape(x)
         rows = ops.reshape(x, (-1, shape[-1]))
-        if in_slices:
-            from keras_transformer import vocabulary_projection  # TensorFlow only
-
-            logits = vocabulary_projection.logits(rows, kernel)
-        else:
-            logits = ops.transpose(ops.matmul(kernel, ops.transpose(rows)))
+        logits = ops.transpose(ops.matmul(kernel, ops.transpose(rows)))
         return ops.cast(ops.reshape(logits, tuple(shape[:-1]) + (self.vocab_size,)), "float32")
-
-    def _projection_in_slices(self, x):
-        """Whether training takes `vocabulary_projection.logits`: TensorFlow
-        multiplying float32 with Eigen (no oneDNN, no GPU), and a vocabulary
-        whose logits rows Eigen's matmul is slow for (a multiple of 2,048)."""
-        if keras.backend.backend() != "tensorflow" or keras.backend.standardize_dtype(x.dtype) != "float32":
-            return False
-        from keras_transformer import eigen_slices  # TensorFlow only
-
-        return eigen_slices.pays(self.vocab_size)
 
     def get_config(self):
         config = super().get_config()

@@ -2,9 +2,9 @@
 (paper section 3.1) and residual dropout (section 5.4)."""
 
 import keras
-from keras import ops
 
-from keras_transformer.layers.dropout import Dropout, keep_scale, keep_threshold
+from keras_transformer import dispatch
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.layer_norm import LayerNormalization
 
 
@@ -49,18 +49,10 @@ class ResidualNorm(keras.layers.Layer):
         return self.norm(x) if self.norm_first else x
 
     def add(self, x, sublayer_output, training=None):
-        if (training and not self.norm_first and keras.backend.backend() == "tensorflow"
-                and keep_threshold(self.dropout) > 0):
-            # One XLA cluster for dropout, add and norm (philox_dropout.py).
-            from keras_transformer import philox_dropout
-
-            return philox_dropout.dropout_add_norm(
-                sublayer_output, x, ops.cast(self.norm.gamma, "float32"),
-                ops.cast(self.norm.beta, "float32"), self.epsilon,
-                keep_threshold(self.dropout), keep_scale(self.dropout),
-                self.residual_dropout.seed_generator)
-        x = self.residual_dropout(sublayer_output, training=training, residual=x)
-        return x if self.norm_first else self.norm(x)
+        if self.norm_first:
+            return self.residual_dropout(sublayer_output, training=training, residual=x)
+        return dispatch.dropout_add_norm(sublayer_output, x, self.norm, self.residual_dropout,
+                                         training=training)
 
     def call(self, x, sublayer_output, training=None):
         return self.add(x, sublayer_output, training=training)

@@ -92,10 +92,8 @@ def native_bfloat16(cpuinfo="/proc/cpuinfo"):
     the CPU has one of `BF16_CPU_FLAGS`. None when it cannot tell (no GPU
     details, or no readable `cpuinfo`, e.g. not on Linux).
 
-    Elsewhere bfloat16 matmuls are converted to float32 and back: on a 2-core
-    AVX2 AMD EPYC, the bench training step in `mixed_bfloat16` ran at 0.97x
-    Model Garden's float32, against 1.14x for ours in float32
-    (benchmarks/README.md, "A CPU without AVX-512").
+    Elsewhere bfloat16 matmuls are converted to float32 and back, so
+    `mixed_bfloat16` trains slower than float32 there (docs/performance.md).
     """
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
@@ -133,6 +131,6 @@ def set_precision(precision):
             "mixed_bfloat16 on a host without bfloat16 matmul hardware (no GPU of "
             f"compute capability 8.0 or later, no CPU flag among {BF16_CPU_FLAGS}): "
             "bfloat16 matmuls run converted to float32, so training is slower than in "
-            "float32 (benchmarks/README.md, \"A CPU without AVX-512\"). "
+            "float32 (docs/performance.md). "
             "Use --precision float32 here.", stacklevel=2)
     keras.config.set_dtype_policy(precision)

@@ -1,22 +1,21 @@
 """Run by tests/test_jax_backend.py in a fresh process with KERAS_BACKEND=jax
-(the backend is fixed at import time). Checks that the model needs nothing
-from TensorFlow: forward and backward pass, `model.fit`, incremental
-decoding against the full forward pass, and beam/greedy search under
-`jax.jit`. Prints one JSON line of measured facts; exits non-zero on failure.
+(the backend is fixed at import time), as `python -m tests.support.jax_check`
+with the repository root on PYTHONPATH (the library comes from the checkout).
+Checks that the model needs nothing from TensorFlow: forward and backward
+pass, `model.fit`, incremental decoding against the full forward pass, and
+beam/greedy search under `jax.jit`. Prints one JSON line of measured facts;
+exits non-zero on failure.
 """
 
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import jax
+import keras
+import numpy as np
 
-import jax  # noqa: E402
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-
-import keras_transformer as kt  # noqa: E402
-from keras_transformer.decoding import beam_search_translate, greedy_translate  # noqa: E402
+import keras_transformer as kt
+from keras_transformer.decoding import beam_search_translate, greedy_translate
 
 assert keras.backend.backend() == "jax", keras.backend.backend()
 # TensorFlow must not be needed (it may be installed; it must not be imported).
@@ -93,7 +92,8 @@ report["greedy_equals_beam1"] = bool(np.array_equal(np.asarray(greedy_ids),
 # the fused one is TF-only).
 from keras import ops  # noqa: E402
 
-from keras_transformer.layers.dropout import Dropout, keep_threshold  # noqa: E402
+from keras_transformer.layers.dropout import Dropout  # noqa: E402
+from keras_transformer.ops.dropout import keep_threshold  # noqa: E402
 from keras_transformer.layers.layer_norm import LayerNormalization  # noqa: E402
 
 dropped = np.asarray(Dropout(0.1, seed=1)(np.ones((512, 512), "float32"), training=True))
@@ -130,8 +130,7 @@ report["dropout_fit_last_loss"] = float(history.history["loss"][-1])
 
 # Keras masks (Embedding(mask_zero=True) -> Encoder -> Decoder, no masks
 # passed) mean what explicit padding masks mean, eagerly and functionally.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import keras_masks  # noqa: E402  (tests/keras_masks.py)
+from . import keras_masks  # noqa: E402
 
 report["keras_masks"] = keras_masks.differences_from_explicit_masks(keras_masks.SOURCES,
                                                                    keras_masks.TARGETS)

@@ -2,7 +2,7 @@
 `keras.layers.Embedding(mask_zero=True)` -> `Encoder` -> `Decoder`, with
 no masks passed, so every mask the stacks use is a Keras mask that Keras
 hands them. Backend-neutral: run by tests/test_transformer_layer.py and, on
-JAX, by tests/backends/jax_check.py."""
+JAX, by tests/support/jax_check.py."""
 
 import keras
 import numpy as np

@@ -1,15 +1,14 @@
-"""Run as a script (a fresh process, so the CPU can be split into two logical
-devices before TensorFlow initialises): one training step under
+"""Run as `python -m tests.support.mirrored_step` from the repository root
+(a fresh process, so the CPU can be split into two logical devices before
+TensorFlow initialises): one training step under
 `MirroredStrategy` on CPU:0 and CPU:1, each replica with its own batch of a
 different token count, against the same step on one device with both
 batches in one. Prints JSON with the largest loss and weight differences."""
 
 import json
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from keras_transformer.training.strategy import make_strategy  # noqa: E402
 

@@ -1,0 +1,79 @@
+"""The benchmarks' one entry point, run from the repository root:
+
+    python -m benchmarks <subcommand> [flags]
+    python -m benchmarks <subcommand> --help
+
+Each subcommand hands the rest of the command line to its module's `main`.
+"""
+
+import importlib
+import os
+import sys
+
+# subcommand -> (module under benchmarks/, one line for --help)
+SUBCOMMANDS = {
+    "speed": ("speed", "training and search speed, SavedModel latency, memory; "
+                       "--reference model_garden"),
+    "training": ("training_speed", "training tokens/s of presets x precisions"),
+    "savedmodel": ("savedmodel_speed", "a SavedModel's throughput and latency; "
+                                       "--baseline compares two"),
+    "profile-train": ("profile_train", "a training step's thread time by op kind"),
+    "profile-search": ("profile_search", "an XLA beam search's time by thunk kind"),
+    "working-set": ("decode_working_set", "a decoding step's matmuls against the weight "
+                                          "bytes they read"),
+    "ab": ("ab", "this checkout against another commit, in one process: speed and "
+                 "whether the numbers are the same"),
+    "fast-paths": ("fast_paths", "what each TensorFlow-only fast path gains on a "
+                                 "training step"),
+    "jax": ("jax_benchmark", "training and search speed with KERAS_BACKEND=jax, "
+                             "no TensorFlow"),
+}
+# Subcommands that must not import TensorFlow.
+WITHOUT_TENSORFLOW = {"jax"}
+
+
+def usage():
+    width = max(map(len, SUBCOMMANDS))
+    lines = ["usage: python -m benchmarks <subcommand> [flags]", "",
+             "subcommands (each takes --help):"]
+    lines += [f"  {name:{width}}  {text}" for name, (_, text) in SUBCOMMANDS.items()]
+    lines += ["", "The TensorFlow subcommands tune glibc's malloc as the kt-* commands do;",
+              "KT_FAST_MALLOC=0 leaves it at its defaults."]
+    return "\n".join(lines)
+
+
+def apply_malloc_settings():
+    """glibc's malloc tuned as the kt-* commands tune it, before TensorFlow
+    is imported; KT_FAST_MALLOC=0 leaves it alone."""
+    if os.environ.get("KT_FAST_MALLOC", "1") == "0":
+        return
+    from keras_transformer import malloc
+
+    malloc.apply()
+
+
+def main(argv=None):
+    from_shell = argv is None
+    argv = list(sys.argv[1:] if from_shell else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"{usage()}\n\npython -m benchmarks: unknown subcommand {name!r}", file=sys.stderr)
+        return 2
+    if name in WITHOUT_TENSORFLOW:
+        os.environ.setdefault("KERAS_BACKEND", "jax")  # fixed when Keras is imported
+    else:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # read when TensorFlow loads
+        apply_malloc_settings()
+    module = importlib.import_module(f"benchmarks.{SUBCOMMANDS[name][0]}")
+    if from_shell:
+        # argparse names the program after sys.argv[0]; reports record sys.argv[1:].
+        sys.argv = [f"python -m benchmarks {name}", *rest]
+    module.main(rest)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""What each TensorFlow-only fast path (`keras_transformer/dispatch.py`)
+gains on a training step, on this machine.
+
+For every fast path that the step takes here (given the precision and the
+kernels TensorFlow multiplies with), the step is built twice, with every
+path and with all but that one, and the two are timed in alternating
+rounds in this process. The gain is the per-round ratio of step times,
+without / with (above 1: the path pays); the median and the range are
+reported. Run it once per CPU kind: with `TF_ENABLE_ONEDNN_OPTS=0` a CPU
+that TensorFlow gives oneDNN multiplies with Eigen instead.
+
+    python -m benchmarks fast-paths
+    python -m benchmarks fast-paths --precision mixed_bfloat16
+    TF_ENABLE_ONEDNN_OPTS=0 python -m benchmarks fast-paths --json benchmarks/results/X.json
+"""
+
+import argparse
+import json
+import statistics
+
+import keras
+import tensorflow as tf
+
+import keras_transformer as kt
+from benchmarks import provenance
+from benchmarks.bench_config import TRAIN_SHAPE, make_config, random_ids
+from benchmarks.speed import time_rounds
+from keras_transformer import dispatch
+
+FLOAT32_ONLY = {"dense_gradient", "eigen_slices", "compiled_attention"}
+EIGEN_ONLY = {"eigen_slices", "compiled_attention"}
+
+
+def paths_taken(config, precision):
+    """The fast paths a training step of `config` in `precision` takes here."""
+    taken = []
+    for name in dispatch.FAST_PATHS:
+        if not dispatch.enabled(name):
+            continue
+        if name in FLOAT32_ONLY and precision != "float32":
+            continue
+        if name in EIGEN_ONLY and not dispatch.multiplies_with_eigen():
+            continue
+        if name == "philox_dropout" and not config.dropout:
+            continue
+        if name == "eigen_slices" and not any(dispatch.slices_pay(width) for width in (
+                config.vocab_size, config.d_ff)):
+            continue
+        if name == "compiled_attention" and config.attention_dropout:
+            continue
+        taken.append(name)
+    return taken
+
+
+def build_step(config, precision, disabled, batch):
+    """A compiled model's training step, traced with `disabled` paths off."""
+    with dispatch.configured(disabled=disabled):
+        keras.config.set_dtype_policy(precision)
+        try:
+            model = kt.Transformer(config)
+            model.compile(optimizer=kt.transformer_adam(config.d_model),
+                          loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing,
+                                                            pad_id=config.pad_id))
+        finally:
+            keras.config.set_dtype_policy("float32")
+        step = lambda: model.train_on_batch(*batch)  # noqa: E731
+        step()  # traced here, with the switches above
+    return step
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="bench",
+                        help="'bench' (the shared bench configuration) or a preset name")
+    parser.add_argument("--precision", default="float32",
+                        choices=["float32", "mixed_bfloat16", "mixed_float16"])
+    parser.add_argument("--paths", help="comma-separated fast paths to measure "
+                                        "(default: every one the step takes here)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--train-steps", type=int, default=5, help="timed steps per round")
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.train_steps < 1:
+        parser.error("--rounds and --train-steps must be at least 1")
+    config = make_config(args.config)
+    paths = args.paths.split(",") if args.paths else paths_taken(config, args.precision)
+    unknown = sorted(set(paths) - set(dispatch.FAST_PATHS))
+    if unknown:
+        parser.error(f"unknown --paths {unknown}; the fast paths are {list(dispatch.FAST_PATHS)}")
+    shape = TRAIN_SHAPE
+    source = tf.constant(random_ids(config, shape["batch"], shape["source_length"], 0))
+    target = tf.constant(random_ids(config, shape["batch"], shape["target_length"] + 1, 1))
+    batch = ((source, target[:, :-1]), target[:, 1:])
+    steps = {"all": build_step(config, args.precision, (), batch)}
+    for name in paths:
+        steps[name] = build_step(config, args.precision, {name}, batch)
+    times = time_rounds(steps, args.rounds, warmup=2, repeats=args.train_steps)
+    report = {**provenance.record(), "matmul_kernels": provenance.matmul_kernels(),
+              "config": args.config, "precision": args.precision,
+              "step_s_all_paths": times["all"], "gain": {}}
+    print(f"{report['cpu']['model']} ({', '.join(report['cpu']['flags'])}), "
+          f"TensorFlow multiplies with {report['matmul_kernels']}; {args.config}, "
+          f"{args.precision}; step with every path: {statistics.median(times['all']):.3f} s")
+    for name in paths:
+        ratios = [without / with_all for without, with_all in zip(times[name], times["all"])]
+        report["gain"][name] = {"median": statistics.median(ratios), "rounds": ratios}
+        print(f"  {name:20s} {statistics.median(ratios):.3f}x "
+              f"({min(ratios):.3f}-{max(ratios):.3f})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return report

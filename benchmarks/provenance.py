@@ -1,0 +1,56 @@
+"""What a result file records about where it was measured: the CPU (model,
+cores, the instruction sets that choose TensorFlow's kernels), the kernels
+TensorFlow multiplies float32 with, the commit and the command."""
+
+import os
+import platform
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Flags that decide which kernels TensorFlow takes and whether bfloat16 is native.
+NOTABLE_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "fma")
+
+
+def cpu(cpuinfo="/proc/cpuinfo"):
+    """`{"model", "cores", "flags"}` of this machine's CPU (flags limited to
+    `NOTABLE_FLAGS`); the model is `platform.processor()` where there is no
+    `/proc/cpuinfo`."""
+    model, flags = platform.processor() or "unknown", set()
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name":
+                    model = value.strip()
+                elif key == "flags":
+                    flags = set(value.split())
+    except OSError:
+        pass
+    return {"model": model, "cores": os.cpu_count(),
+            "flags": [flag for flag in NOTABLE_FLAGS if flag in flags]}
+
+
+def commit():
+    """The checkout's commit, with "+changes" when the tree differs from it."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout
+    head = git("rev-parse", "--short", "HEAD").strip() or "unknown"
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def matmul_kernels():
+    """"onednn", "eigen" or "gpu": what TensorFlow multiplies float32 with here."""
+    from keras_transformer.kernels import platform as tf_platform
+
+    if tf_platform.has_gpu():
+        return "gpu"
+    return "onednn" if tf_platform.tensorflow_uses_onednn() else "eigen"
+
+
+def record(command=None):
+    """The provenance fields of a result file."""
+    return {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu(), "commit": commit(),
+            "command": command or " ".join(sys.argv)}

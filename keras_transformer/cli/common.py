@@ -1,0 +1,104 @@
+"""Arguments and I/O shared by kt-translate, kt-evaluate and kt-export.
+
+Importing it imports no TensorFlow, so the commands can import it before
+their start-up settings apply; the functions that need the library import
+it when called (after `startup.start()`)."""
+
+import argparse
+import gzip
+import sys
+
+from keras_transformer import startup
+
+
+def translation_parser(prog, description):
+    """The parser of a command that translates with a trained model or a
+    SavedModel (kt-translate, kt-evaluate): model and decoding arguments,
+    decoding defaults from the model, start-up flags."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_model_arguments(parser)
+    add_decoding_arguments(parser, defaults_from_model=True)
+    startup.add_arguments(parser)
+    return parser
+
+
+def add_model_arguments(parser, saved_model=True):
+    """`--run-dir`/`--checkpoint` (and `--saved-model`) to choose a model."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run-dir", help="a run directory (config.json, vocab.model, "
+                        "checkpoints/; its averaged checkpoint is preferred)")
+    if saved_model:
+        source.add_argument("--saved-model", help="an exported SavedModel: "
+                            "saved_models/<name>/<version>, or saved_models/<name> (newest)")
+    parser.add_argument("--checkpoint", help="with --run-dir: a checkpoint prefix "
+                        "(e.g. runs/x/checkpoints/ckpt-12000) instead of the latest")
+
+
+def add_decoding_arguments(parser, defaults_from_model=False, xla=True):
+    from keras_transformer.decoding import DEFAULT_ALPHA, DEFAULT_BEAM_SIZE, DEFAULT_EXTRA_LENGTH
+
+    note = " (default: the SavedModel's, else %(default)s)" if defaults_from_model else ""
+    parser.add_argument("--beam-size", type=int, default=None if defaults_from_model
+                        else DEFAULT_BEAM_SIZE, help="beam width; paper: 4" + note)
+    parser.add_argument("--alpha", type=float, default=None if defaults_from_model
+                        else DEFAULT_ALPHA,
+                        help="length penalty exponent, ((5+len)/6)**alpha; paper: 0.6" + note)
+    parser.add_argument("--extra-length", type=int, default=None if defaults_from_model
+                        else DEFAULT_EXTRA_LENGTH,
+                        help="output may be this many tokens longer than the input; "
+                        "paper: 50" + note)
+    if not xla:
+        return
+    parser.add_argument("--xla", action=argparse.BooleanOptionalAction, default=True,
+                        help="compile the search with XLA on bucketed static shapes (same "
+                        "translations, several times faster on CPU); with --saved-model: "
+                        "its translate_xla signature, unless search options differ from "
+                        "the export's (those run its XLA-free translate_with_options)")
+
+
+def open_from_args(args):
+    """The translator `args` name (see `open_translator`)."""
+    from keras_transformer.export.saved_model import open_translator
+
+    return open_translator(
+        run_dir=args.run_dir, checkpoint=args.checkpoint,
+        saved_model=getattr(args, "saved_model", None),
+        beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length,
+    )
+
+
+def decoding_options(args, translator):
+    """Per-call options: for a SavedModel the search options (None: its
+    export defaults); a run-directory translator was built with them
+    already. Both choose whether the search runs under XLA."""
+    from keras_transformer.export.saved_model import SavedModelTranslator
+
+    if isinstance(translator, SavedModelTranslator):
+        return dict(beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length,
+                    jit_compile=args.xla)
+    return {"jit_compile": args.xla}
+
+
+def read_lines(path):
+    """Lines of `path` (`-`: stdin; `.gz`: gunzipped) as bytes, without
+    their line ending. Bytes, so undecodable input reaches the translator's
+    U+FFFD rule instead of failing here."""
+    if path in (None, "-"):
+        data = sys.stdin.buffer.read()
+    elif path.endswith(".gz"):
+        with gzip.open(path, "rb") as f:
+            data = f.read()
+    else:
+        with open(path, "rb") as f:
+            data = f.read()
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+
+
+def one_line(text):
+    """A translation on one output line (line breaks become spaces)."""
+    return text.replace("\r", " ").replace("\n", " ")

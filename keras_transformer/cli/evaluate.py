@@ -1,0 +1,75 @@
+"""Translates a test set and scores it with sacreBLEU (BLEU and chrF) on the
+detokenized output, printing sacreBLEU's signature strings.
+
+    kt-evaluate --run-dir runs/base \\
+        --source ../shared/data/multi30k/test_2016_flickr.en.gz \\
+        --reference ../shared/data/multi30k/test_2016_flickr.de.gz
+
+One sentence per line in --source and --reference (.gz ok). The
+translations can be kept with --hypotheses.
+"""
+
+import json
+import sys
+
+from keras_transformer import startup
+from keras_transformer.cli.common import (
+    decoding_options,
+    one_line,
+    open_from_args,
+    read_lines,
+    translation_parser,
+)
+
+
+def build_parser():
+    parser = translation_parser("kt-evaluate", __doc__)
+    parser.add_argument("--source", required=True, help="source sentences, one per line")
+    parser.add_argument("--reference", required=True, help="reference translations")
+    parser.add_argument("--hypotheses", help="also write the translations here")
+    parser.add_argument("--tokenize", default="13a",
+                        help="sacreBLEU BLEU tokenizer (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--json", action="store_true", help="print the scores as JSON")
+    return parser
+
+
+def evaluate(argv=None, stdout=None):
+    """kt-evaluate as a function: prints the scores to `stdout` (default
+    `sys.stdout`).
+
+    Returns: the scores, as `keras_transformer.evaluation.score_translations`
+    gives them.
+    """
+    from keras_transformer.evaluation import score_translations
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    out = stdout or sys.stdout
+    sources = read_lines(args.source)
+    references = [r.decode("utf-8", "replace") for r in read_lines(args.reference)]
+    if len(sources) != len(references):
+        parser.error(f"{len(sources)} source lines but {len(references)} reference lines.")
+    translator = open_from_args(args)
+    translations, _ = translator.translate(sources, batch_size=args.batch_size,
+                                           **decoding_options(args, translator))
+    translations = [one_line(t) for t in translations]
+    if args.hypotheses:
+        with open(args.hypotheses, "w", encoding="utf-8") as f:
+            f.writelines(t + "\n" for t in translations)
+    scores = score_translations(translations, references, tokenize=args.tokenize)
+    if args.json:
+        out.write(json.dumps(scores, indent=2) + "\n")
+    else:
+        out.write(scores["bleu_text"] + "\n" + scores["chrf_text"] + "\n")
+    return scores
+
+
+def main(argv=None):
+    startup.start(argv)
+    evaluate(argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

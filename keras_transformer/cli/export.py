@@ -1,0 +1,65 @@
+"""Exports a trained model as a SavedModel that TF Serving serves: strings
+in, strings out.
+
+    kt-export --run-dir runs/base --name de_en
+    # -> saved_models/de_en/<next version>/  (written to a temporary
+    #    directory and renamed, so a running server never sees half a model)
+
+The SavedModel has the signatures `serving_default` (text -> translation,
+score, with --beam-size/--alpha/--extra-length fixed at export),
+`translate_with_options` (the same plus beam_size, alpha, extra_length
+inputs) and `translate_ids` (token ids in and out). It needs only
+TensorFlow and tensorflow-text to load.
+"""
+
+import argparse
+import os
+import sys
+
+from keras_transformer import startup
+from keras_transformer.cli.common import add_decoding_arguments, add_model_arguments
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="kt-export", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_arguments(parser, saved_model=False)
+    add_decoding_arguments(parser, xla=False)
+    parser.add_argument("--name", help="model name, the <name> in saved_models/<name>/ "
+                        "(default: the run directory's name)")
+    parser.add_argument("--output-dir", default="saved_models",
+                        help="where <name>/<version>/ is written (default: %(default)s)")
+    parser.add_argument("--version", type=int,
+                        help="version number (default: one more than the newest)")
+    startup.add_arguments(parser)
+    return parser
+
+
+def export(argv=None):
+    """kt-export as a function: prints the SavedModel's path.
+
+    Returns: that path.
+    """
+    from keras_transformer.export import export_translator, translator_from_run_directory
+
+    args = build_parser().parse_args(argv)
+    translator = translator_from_run_directory(
+        args.run_dir, args.checkpoint, beam_size=args.beam_size, alpha=args.alpha,
+        extra_length=args.extra_length,
+    )
+    name = args.name or os.path.basename(os.path.normpath(args.run_dir))
+    path = export_translator(translator, args.output_dir, name, args.version)
+    print(path)
+    return path
+
+
+def main(argv=None):
+    startup.start(argv)
+    export(argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

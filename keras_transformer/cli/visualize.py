@@ -1,0 +1,83 @@
+"""Pictures of a trained model: attention maps of one translated sentence
+(encoder self-attention, decoder self-attention, encoder-decoder attention;
+every layer and head, tokens on the axes) and the positional encoding.
+
+    kt-visualize --run-dir runs/demo --sentence "the dog sees a cat" \\
+        --output-dir runs/demo/pictures
+"""
+
+import argparse
+import os
+import sys
+
+from keras_transformer import startup
+
+
+def visualize(run_dir, sentence, output_dir, checkpoint=None, beam_size=4, alpha=0.6):
+    """Translates `sentence` with the run's model and writes the PNGs.
+
+    Returns: `(translation, {name: path})`.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    from keras_transformer.decoding import beam_search_translate
+    from keras_transformer.run_directory import RunDirectory
+    from keras_transformer.visualization import (
+        plot_positional_encoding,
+        plot_translation_attention,
+    )
+
+    run = RunDirectory(run_dir)
+    tokenizer = run.load_tokenizer()
+    model = run.load_model(checkpoint)
+    source = tokenizer.tokenize(tf.constant([sentence])).to_list()[0]
+    if not source:
+        raise ValueError("The sentence is empty after tokenization; nothing to visualise.")
+    source_ids = np.array([source[: model.config.max_length - 1] + [tokenizer.eos_id]], "int32")
+    sequences, _ = beam_search_translate(model, source_ids, beam_size=beam_size, alpha=alpha)
+    output = []
+    for token in np.asarray(sequences)[0, 0].tolist():
+        output.append(token)
+        if token == tokenizer.eos_id:
+            break
+    target_ids = np.array([[tokenizer.bos_id] + output[:-1]], "int32")
+    pieces = lambda ids: [p.decode("utf-8") for p in tokenizer.id_to_piece(ids).numpy()]  # noqa: E731
+    paths = plot_translation_attention(
+        model, pieces(source_ids[0]), source_ids, pieces(target_ids[0]), target_ids,
+        output_dir,
+    )
+    paths["positional_encoding"] = plot_positional_encoding(
+        64, model.config.d_model, os.path.join(output_dir, "positional_encoding.png")
+    )
+    translation = tokenizer.detokenize(np.array([output], "int32")).numpy()[0].decode("utf-8")
+    return translation, paths
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="kt-visualize", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-dir", required=True, help="a training run directory")
+    parser.add_argument("--sentence", required=True, help="source sentence to translate")
+    parser.add_argument("--output-dir", help="where to write PNGs (default <run-dir>/pictures)")
+    parser.add_argument("--checkpoint", help="checkpoint prefix (default: averaged or latest)")
+    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--alpha", type=float, default=0.6)
+    startup.add_arguments(parser)
+    return parser
+
+
+def main(argv=None):
+    startup.start(argv)
+    args = build_parser().parse_args(argv)
+    output_dir = args.output_dir or os.path.join(args.run_dir, "pictures")
+    translation, paths = visualize(args.run_dir, args.sentence, output_dir, args.checkpoint,
+                                   args.beam_size, args.alpha)
+    print(f"source:      {args.sentence}\ntranslation: {translation}")
+    for name, path in paths.items():
+        print(f"{name:20s} {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
