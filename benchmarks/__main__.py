@@ -7,6 +7,7 @@ Each subcommand hands the rest of the command line to its module's `main`.
 """
 
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -47,8 +48,13 @@ def apply_malloc_settings():
     is imported; KT_FAST_MALLOC=0 leaves it alone."""
     if os.environ.get("KT_FAST_MALLOC", "1") == "0":
         return
-    from keras_transformer import malloc
-
+    # keras_transformer/malloc.py alone: importing it through the package
+    # would run the package's __init__, which imports TensorFlow.
+    package = importlib.util.find_spec("keras_transformer")
+    path = os.path.join(package.submodule_search_locations[0], "malloc.py")
+    spec = importlib.util.spec_from_file_location("keras_transformer_malloc", path)
+    malloc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(malloc)
     malloc.apply()
 
 

@@ -27,7 +27,7 @@ from benchmarks.bench_config import TRAIN_SHAPE, make_config, random_ids
 from benchmarks.speed import time_rounds
 from keras_transformer import dispatch
 
-FLOAT32_ONLY = {"dense_gradient", "eigen_slices", "compiled_attention"}
+FLOAT32_ONLY = {"eigen_slices", "compiled_attention"}
 EIGEN_ONLY = {"eigen_slices", "compiled_attention"}
 
 

@@ -44,7 +44,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from benchmarks import flops, model_garden_reference, subcommand  # noqa: E402
+from benchmarks import flops, model_garden_reference, provenance, subcommand  # noqa: E402
 from benchmarks.bench_config import (  # noqa: E402
     TRAIN_SHAPE,
     TRANSLATE_SHAPE,
@@ -407,9 +407,9 @@ def main(argv=None):
         print(json.dumps({"baseline_mb": baseline, "peak_mb": peak,
                           "phase_mb": peak - baseline, "peak_reset": peak_reset}))
         return None
-    report = {"date": time.strftime("%Y-%m-%d"), "config": args.config,
-              "precision": {impl.name: impl.precision for impl in impls}, "xla": args.xla,
-              "argv": sys.argv[1:]}
+    report = {**provenance.record(), "matmul_kernels": provenance.matmul_kernels(),
+              "config": args.config,
+              "precision": {impl.name: impl.precision for impl in impls}, "xla": args.xla}
     if "train" in what:
         dtypes = sorted({peak_dtype(impl.precision) for impl in impls})
         report["matmul_peak_gflops"] = {d: matmul_peak(tf.as_dtype(d), args.peak_size)

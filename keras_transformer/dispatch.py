@@ -19,13 +19,11 @@ The fast paths, by the name the switches below use:
     philox_dropout       dropout, the residual add and the post-LN norm as
                          XLA clusters (TensorFlow training;
                          `kernels/dropout.py`).
-    dense_gradient       a dense layer's input gradient through a transposed
-                         copy of its kernel (TensorFlow float32 training,
-                         kernels at least as wide as tall; `kernels/dense.py`).
     eigen_slices         products whose result rows are a multiple of 2,048
                          floats, in slices of 1,024 columns (TensorFlow
                          float32 training where it multiplies with Eigen;
-                         `kernels/eigen_slices.py`).
+                         `kernels/eigen_slices.py`, `kernels/dense.py`,
+                         `kernels/vocabulary_projection.py`).
     compiled_attention   the attention core as one XLA function (TensorFlow
                          float32 training where it multiplies with Eigen,
                          no attention dropout; `kernels/attention.py`).
@@ -57,8 +55,8 @@ from keras_transformer.ops import attention as portable_attention
 from keras_transformer.ops import dropout as portable_dropout
 from keras_transformer.ops import label_smoothing as portable_loss
 
-FAST_PATHS = ("fused_adam", "fused_cross_entropy", "philox_dropout", "dense_gradient",
-              "eigen_slices", "compiled_attention")
+FAST_PATHS = ("fused_adam", "fused_cross_entropy", "philox_dropout", "eigen_slices",
+              "compiled_attention")
 MATMUL_KERNELS = ("auto", "onednn", "eigen")
 
 
@@ -161,22 +159,19 @@ def dense(layer, inputs, training, portable):
 
     Float32 training on TensorFlow, with ReLU or no activation and none of
     Keras's LoRA or quantized variants, takes `kernels/dense.py` (the same
-    forward ops, the gradient written out) where one of its paths applies:
-    `dense_gradient` for a kernel at least as wide as tall, `eigen_slices`
-    for a side of a multiple of 2,048 units. Otherwise
+    forward ops, the gradient written out) where `eigen_slices` applies to
+    a side of a multiple of 2,048 units. Otherwise
     `portable(inputs, training=training)` (the layer's Keras `call`).
     """
     if training and _dense_eligible(layer, inputs):
-        d_in = layer.kernel.shape[0]
-        transposed_copy = layer.units >= d_in and enabled("dense_gradient")
-        sliced_inputs, sliced_outputs = slices_pay(d_in), slices_pay(layer.units)
-        if transposed_copy or sliced_inputs or sliced_outputs:
+        sliced_inputs = slices_pay(layer.kernel.shape[0])
+        sliced_outputs = slices_pay(layer.units)
+        if sliced_inputs or sliced_outputs:
             from keras_transformer.kernels import dense as kernel
 
             return kernel.dense(inputs, layer.kernel, layer.bias,
                                 relu=layer.activation is keras.activations.relu,
-                                transposed_copy=transposed_copy, sliced_inputs=sliced_inputs,
-                                sliced_outputs=sliced_outputs)
+                                sliced_inputs=sliced_inputs, sliced_outputs=sliced_outputs)
     return portable(inputs, training=training)
 
 

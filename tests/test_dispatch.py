@@ -166,7 +166,7 @@ def test_every_path_is_taken_where_it_applies_and_none_when_off(monkeypatch):
     monkeypatch.undo()
     force_matmul_kernels(monkeypatch, "onednn")
     assert _train_step_kernels(monkeypatch, config) == {
-        "dense", "label_smoothed_cross_entropy", "dropout", "dropout_add_norm", "fused_adam"}
+        "label_smoothed_cross_entropy", "dropout", "dropout_add_norm", "fused_adam"}
     monkeypatch.undo()
     force_matmul_kernels(monkeypatch, "eigen")
     with dispatch.configured(fast_paths="off"):

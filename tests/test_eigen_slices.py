@@ -1,7 +1,7 @@
 """keras_transformer/kernels/eigen_slices.py: products in slices of their result's
 columns where TensorFlow multiplies float32 with Eigen and the result's
 rows are a multiple of 2,048 floats; and the training paths that take them
-(`dense_gradient.py`, `vocabulary_projection.py`, whose own tests are in
+(`kernels/dense.py`, `kernels/vocabulary_projection.py`, whose own tests are in
 `test_vocabulary_projection.py`)."""
 
 

@@ -1,16 +1,8 @@
 """The position-wise linear map `x W + b` (`layers/dense.py`, sections 3.2
-and 3.3) for float32 training on TensorFlow, with its gradient written out.
-
-Two changes to the products TensorFlow's own gradient builds, each chosen
-by `keras_transformer.dispatch.dense`:
-- `transposed_copy`: the input's gradient `dy W^T` multiplies by a copy of
-  `W^T` in memory instead of a `transpose_b` matmul, for which oneDNN's
-  float32 kernel is slow when `W` is at least as wide as it is tall. The
-  copy is made on the kernel's bits as integers (`tf.bitcast`), so that
-  Grappler cannot fold it back into the matmul's flag.
-- `sliced_inputs` / `sliced_outputs`: products whose result rows are a
-  multiple of 2,048 floats, computed in column slices where TensorFlow
-  multiplies with Eigen (`kernels/eigen_slices.py`).
+and 3.3) for float32 training on TensorFlow where it multiplies with Eigen,
+with its gradient written out so that products whose result rows are a
+multiple of 2,048 floats are computed in column slices
+(`kernels/eigen_slices.py`); `keras_transformer.dispatch.dense` decides.
 
 The forward pass is the same ops as `keras.layers.Dense` (`MatMul`,
 `BiasAdd`, `Relu`, which Grappler fuses into one kernel); the gradients are
@@ -21,20 +13,7 @@ import tensorflow as tf
 
 from keras_transformer.kernels import eigen_slices
 
-_SAME_WIDTH_INT = {tf.float32: tf.int32, tf.bfloat16: tf.int16, tf.float16: tf.int16,
-                   tf.float64: tf.int64}
-
-
-def transposed(kernel):
-    """`kernel^T` for a 2-D kernel, as a copy in memory: transposed as
-    integers of the same width, so Grappler cannot turn the copy into a
-    `transpose_b` flag of the matmul that consumes it."""
-    as_int = _SAME_WIDTH_INT[kernel.dtype]
-    return tf.bitcast(tf.transpose(tf.bitcast(kernel, as_int)), kernel.dtype)
-
-
-def dense(x, kernel, bias=None, relu=False, transposed_copy=False, sliced_inputs=False,
-          sliced_outputs=False):
+def dense(x, kernel, bias=None, relu=False, sliced_inputs=False, sliced_outputs=False):
     """`x kernel + bias`, then ReLU when `relu`; gradient written out.
 
     Args:
@@ -42,8 +21,6 @@ def dense(x, kernel, bias=None, relu=False, transposed_copy=False, sliced_inputs
         kernel: `(d_in, d_out)`, same dtype as `x`; a tensor or a variable.
         bias: `(d_out,)`, a tensor or a variable, or None.
         relu: whether ReLU follows (the feed-forward network's inner layer).
-        transposed_copy: the input's gradient multiplies by a copy of
-            `kernel^T` (unless `sliced_inputs`).
         sliced_inputs: the input's gradient (`d_in` columns) in slices.
         sliced_outputs: the forward product and the kernel's gradient
             (`d_out` columns) in slices.
@@ -78,8 +55,6 @@ def dense(x, kernel, bias=None, relu=False, transposed_copy=False, sliced_inputs
             upstream = tf.raw_ops.ReluGrad(gradients=upstream, features=y)
         if sliced_inputs:
             dx = eigen_slices.matmul(upstream, kernel, transpose_b=True)
-        elif transposed_copy:
-            dx = tf.matmul(upstream, transposed(kernel))
         else:
             dx = tf.matmul(upstream, kernel, transpose_b=True)
         if sliced_outputs:

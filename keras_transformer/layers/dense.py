@@ -6,8 +6,9 @@ layers) maps the last axis of a `(batch, length, d)` tensor. Keras's `Dense`
 multiplies such an input with `tensordot` (reshape, matmul, reshape), and on
 TensorFlow the bias add then follows a reshape, so Grappler cannot fuse it
 (and the ReLU) into the matmul. Multiplying `(batch * length, d)` lets it.
-In float32 training on TensorFlow, `keras_transformer.dispatch.dense` may
-take a written-out gradient instead (`kernels/dense.py`).
+In float32 training where TensorFlow multiplies with Eigen,
+`keras_transformer.dispatch.dense` may take a written-out gradient with
+products in slices instead (`kernels/dense.py`).
 """
 
 import keras
