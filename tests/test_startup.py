@@ -4,7 +4,6 @@ left alone), TensorFlow's start-up lines are hidden (and can be shown), and
 the commands do both before they import TensorFlow."""
 
 import ast
-import ctypes
 import importlib
 import json
 import os
