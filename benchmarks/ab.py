@@ -28,8 +28,8 @@ import tensorflow as tf
 
 import keras_transformer
 from benchmarks import provenance
-from benchmarks.bench_config import TRAIN_SHAPE, TRANSLATE_SHAPE, make_config, random_ids
-from benchmarks.speed import time_rounds
+from benchmarks.bench_config import TRANSLATE_SHAPE, make_config, random_ids
+from benchmarks.speed import time_rounds, train_batch
 
 BASELINE_NAME = "kt_baseline"
 
@@ -121,11 +121,7 @@ def main(argv=None):
                   "same_initial_weights": _same(sides["baseline"].weights(),
                                                 sides["this"].weights())}
         if "train" in what:
-            shape = TRAIN_SHAPE
-            source = tf.constant(random_ids(config, shape["batch"], shape["source_length"], 0))
-            target = tf.constant(random_ids(config, shape["batch"],
-                                            shape["target_length"] + 1, 1))
-            batch = ((source, target[:, :-1]), target[:, 1:])
+            batch = train_batch(config)
             losses = {name: [] for name in sides}
             steps = {name: (lambda side=side, name=name: losses[name].append(
                 float(side.model.train_on_batch(*batch)))) for name, side in sides.items()}

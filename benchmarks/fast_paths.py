@@ -19,12 +19,11 @@ import json
 import statistics
 
 import keras
-import tensorflow as tf
 
 import keras_transformer as kt
 from benchmarks import provenance
-from benchmarks.bench_config import TRAIN_SHAPE, make_config, random_ids
-from benchmarks.speed import time_rounds
+from benchmarks.bench_config import make_config
+from benchmarks.speed import time_rounds, train_batch
 from keras_transformer import dispatch
 
 FLOAT32_ONLY = {"eigen_slices", "compiled_attention"}
@@ -88,10 +87,7 @@ def main(argv=None):
     unknown = sorted(set(paths) - set(dispatch.FAST_PATHS))
     if unknown:
         parser.error(f"unknown --paths {unknown}; the fast paths are {list(dispatch.FAST_PATHS)}")
-    shape = TRAIN_SHAPE
-    source = tf.constant(random_ids(config, shape["batch"], shape["source_length"], 0))
-    target = tf.constant(random_ids(config, shape["batch"], shape["target_length"] + 1, 1))
-    batch = ((source, target[:, :-1]), target[:, 1:])
+    batch = train_batch(config)
     steps = {"all": build_step(config, args.precision, (), batch)}
     for name in paths:
         steps[name] = build_step(config, args.precision, {name}, batch)

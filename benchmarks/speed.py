@@ -177,13 +177,20 @@ def time_rounds(callables, rounds, warmup, repeats):
     return times
 
 
+def train_batch(config):
+    """The bench training batch, `((source, target_in), target_out)`: random
+    ids of `TRAIN_SHAPE`, the same for every implementation and run."""
+    shape = TRAIN_SHAPE
+    source = random_batch(config, shape["batch"], shape["source_length"], 0)
+    target = random_batch(config, shape["batch"], shape["target_length"] + 1, 1)
+    return (source, target[:, :-1]), target[:, 1:]
+
+
 def bench_train(impls, config, args, peaks):
     """Training throughput; `peaks`: matmul GFLOP/s by dtype name (None: no
     utilisation figures)."""
     shape = TRAIN_SHAPE
-    source = random_batch(config, shape["batch"], shape["source_length"], 0)
-    target = random_batch(config, shape["batch"], shape["target_length"] + 1, 1)
-    target_in, target_out = target[:, :-1], target[:, 1:]
+    (source, target_in), target_out = train_batch(config)
     calls = {impl.name: (lambda impl=impl: impl.train_step(source, target_in, target_out))
              for impl in impls}
     times = time_rounds(calls, args.rounds, warmup=3, repeats=args.train_steps)
