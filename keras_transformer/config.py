@@ -1,8 +1,11 @@
 """Model and training hyperparameters (paper Table 3), as a small dataclass
-that round-trips through a dict and JSON."""
+that round-trips through a dict and JSON, and the settings files that
+`kt-train --config FILE` reads."""
 
 import dataclasses
 import json
+import os
+import typing
 
 # "none" exists for ablations only: without positions the encoder is
 # permutation-equivariant and cannot use word order.
@@ -40,6 +43,7 @@ class TransformerConfig:
     warmup_steps: int = 4000  # 5.3
 
     def __post_init__(self):
+        _check_field_types(self)
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff",
                      "max_length", "warmup_steps"):
             value = getattr(self, name)
@@ -105,6 +109,30 @@ class TransformerConfig:
         return cls.from_dict(json.loads(text))
 
 
+def _check_field_types(config):
+    """A clear error naming the field for a value of the wrong type (a YAML
+    `norm_first: "yes"` must not pass as true)."""
+    hints = typing.get_type_hints(type(config))
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        allowed = typing.get_args(hints[field.name]) or (hints[field.name],)
+        if value is None and type(None) in allowed:
+            continue
+        ok = False
+        for kind in allowed:
+            if kind is bool:
+                ok = ok or isinstance(value, bool)
+            elif kind is int:
+                ok = ok or (isinstance(value, int) and not isinstance(value, bool))
+            elif kind is float:
+                ok = ok or (isinstance(value, (int, float)) and not isinstance(value, bool))
+            elif kind is str:
+                ok = ok or isinstance(value, str)
+        if not ok:
+            names = " or ".join("null" if k is type(None) else k.__name__ for k in allowed)
+            raise ValueError(f"`{field.name}` must be {names}, received {value!r}.")
+
+
 # Table 3. `base`: N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1, eps_ls=0.1;
 # `big`: N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3.
 PRESETS = {
@@ -126,3 +154,107 @@ def get_config(name, vocab_size, **overrides):
     if name not in PRESETS:
         raise ValueError(f"Unknown config {name!r}; expected one of {sorted(PRESETS)}.")
     return TransformerConfig(vocab_size=vocab_size, **{**PRESETS[name], **overrides})
+
+
+# Settings files ------------------------------------------------------------
+
+SETTINGS_SECTIONS = ("model", "training")
+
+
+def is_settings_file(name):
+    """True when `--config NAME` names a file rather than a preset."""
+    return name not in PRESETS and (
+        os.path.splitext(name)[1].lower() in (".yaml", ".yml", ".json") or os.path.exists(name))
+
+
+def load_settings_file(path):
+    """Reads a `kt-train --config` file: YAML (`.yaml`/`.yml`) or JSON.
+
+    The file is a mapping with up to two sections::
+
+        model:                  # TransformerConfig fields, plus `preset`
+          preset: small         #   the Table 3 preset the fields start from
+          norm_first: true
+          dropout: 0.2
+        training:               # kt-train settings, named as the flags
+          batch_tokens: 4096    #   (dashes or underscores)
+          train_steps: 20000
+
+    Returns: `{"model": dict, "training": dict}` (keys of `training` with
+    underscores). Raises `ValueError` naming the file (and the line, for a
+    syntax error) for anything else: an unreadable file, a top-level key
+    other than the two sections, or an unknown model field.
+    """
+    if not os.path.isfile(path):
+        raise ValueError(f"--config {path}: no such file, and not a preset "
+                         f"(presets: {sorted(PRESETS)}).")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if os.path.splitext(path)[1].lower() == ".json":
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}, line {e.lineno}: not valid JSON ({e.msg}).") from None
+    else:
+        import yaml
+
+        try:
+            values = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f", line {mark.line + 1}" if mark is not None else ""
+            raise ValueError(f"{path}{where}: not valid YAML "
+                             f"({getattr(e, 'problem', None) or e}).") from None
+    values = {} if values is None else values
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a mapping with sections {SETTINGS_SECTIONS}, "
+                         f"found a {type(values).__name__}.")
+    unknown = sorted(set(values) - set(SETTINGS_SECTIONS))
+    if unknown:
+        raise ValueError(
+            f"{path}: unknown top-level key(s) {unknown}; put model fields under `model:` "
+            f"and kt-train settings under `training:`.")
+    sections = {}
+    for section in SETTINGS_SECTIONS:
+        content = values.get(section) or {}
+        if not isinstance(content, dict):
+            raise ValueError(f"{path}: `{section}:` must be a mapping, found "
+                             f"{type(content).__name__}.")
+        sections[section] = {str(k).replace("-", "_"): v for k, v in content.items()}
+    check_model_fields(sections["model"], f"{path}, model")
+    return sections
+
+
+def check_model_fields(values, where):
+    """Raises `ValueError` naming `where` and the key for a key of `values`
+    that is neither a `TransformerConfig` field nor `preset`."""
+    known = {f.name for f in dataclasses.fields(TransformerConfig)} | {"preset"}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {unknown}; model fields are "
+                         f"{sorted(known)}.")
+    if "preset" in values and values["preset"] not in PRESETS:
+        raise ValueError(f"{where}: unknown preset {values['preset']!r}; expected one of "
+                         f"{sorted(PRESETS)}.")
+
+
+def parse_assignment(text):
+    """`--set KEY=VALUE` -> `(key, value)`, the value read as a YAML scalar
+    (`true`, `0.1`, `null`, `sinusoidal`), so types match a settings file.
+    `KEY` may be qualified: `model.dropout`, `training.batch_tokens`."""
+    key, sep, raw = text.partition("=")
+    key = key.strip().replace("-", "_")
+    if not sep or not key:
+        raise ValueError(f"--set {text!r}: expected KEY=VALUE, e.g. --set norm_first=true.")
+    try:
+        import yaml
+
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except ImportError:
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+    except Exception as e:  # yaml.YAMLError: a value YAML cannot read
+        raise ValueError(f"--set {text!r}: cannot read the value ({e}).") from None
+    return key, value

@@ -1,16 +1,20 @@
-"""Shared subword vocabulary: trained with the SentencePiece trainer, applied
-in the TensorFlow graph with `tensorflow_text.SentencepieceTokenizer`.
+"""Subword vocabularies: trained with the SentencePiece trainer, applied in
+the TensorFlow graph with `tensorflow_text.SentencepieceTokenizer`.
 
 TensorFlow-only module. The in-graph tokenizer is what later goes into the
 exported SavedModel (TF Serving links the tf-text ops), so training, evaluation
 and serving tokenize with the very same op and model proto.
 
-Special ids are fixed when the vocabulary is trained (pad 0, unk 1, bos 2,
-eos 3) and read back from the model proto, never assumed elsewhere: use
-`tokenizer.pad_id` etc.
+Special ids are fixed when the vocabulary is trained (`train_sentencepiece`:
+pad 0, unk 1, bos 2, eos 3) and read back from the model proto, never assumed
+elsewhere: use `tokenizer.pad_id` etc. A model trained elsewhere with
+SentencePiece's defaults (unk 0, bos 1, eos 2, no pad piece) works too: its
+pad id is the first id past its pieces (`SubwordTokenizer`).
 """
 
+import hashlib
 import io
+import numbers
 import os
 import tempfile
 
@@ -37,12 +41,21 @@ def train_sentencepiece(
         vocab_size: e.g. 37000 for WMT en-de (the paper), 8000 for small corpora.
             Treated as an upper bound on small corpora (`hard_vocab_limit=False`).
         model_type: "unigram" or "bpe".
-        character_coverage: 1.0 keeps every character (right for European
-            languages); byte fallback covers whatever is left out.
+        character_coverage: fraction of the corpus's characters the
+            vocabulary covers, in (0, 1]. 1.0 keeps every character (right
+            for European languages); SentencePiece suggests 0.9995 for
+            languages with large character sets (Chinese, Japanese). Byte
+            fallback covers whatever is left out.
 
     Returns:
         The serialized SentencePiece model proto (`bytes`).
     """
+    if (isinstance(character_coverage, bool) or not isinstance(character_coverage, numbers.Real)
+            or not 0 < character_coverage <= 1):
+        raise ValueError(
+            "`character_coverage` must be a number in (0, 1] (1.0: every character; "
+            f"0.9995 for Chinese or Japanese), received {character_coverage!r}."
+        )
     if model_type not in ("unigram", "bpe"):
         raise ValueError(f"`model_type` must be 'unigram' or 'bpe', received {model_type!r}.")
     if vocab_size < MIN_VOCAB_SIZE:
@@ -91,12 +104,31 @@ def write_atomically(path, data):
         raise
 
 
+class TokenizerModelError(ValueError):
+    """A SentencePiece model file or proto cannot serve as a vocabulary."""
+
+
+# The name `id_to_piece` gives the pad id of a model without a pad piece.
+ADDED_PAD_PIECE = "<pad>"
+
+
 class SubwordTokenizer(tf.Module):
     """In-graph SentencePiece tokenizer with the special ids of its model.
 
     Args:
         model_proto: serialized SentencePiece model (`bytes`), as returned by
             `train_sentencepiece` or read from a `.model` file.
+
+    Attributes: `pad_id`, `unk_id`, `bos_id`, `eos_id` (ints from the model),
+    `piece_count` (the model's pieces), `vocab_size` (ids the model needs
+    embeddings for: `piece_count`, plus one where the model has no pad
+    piece).
+
+    A model without a pad piece (SentencePiece's default, `--pad_id=-1`) gets
+    `pad_id = piece_count` and `vocab_size = piece_count + 1`: one embedding
+    row used only for padding. `tokenize` never produces that id; `detokenize`
+    drops it with or without `strip_special`, and `id_to_piece` names it
+    `"<pad>"`. A model without bos or eos is rejected.
 
     Pitfall: `tf.random.set_seed` (and `keras.utils.set_random_seed`) in
     eager mode destroys existing eager resources, this tokenizer's included;
@@ -111,27 +143,62 @@ class SubwordTokenizer(tf.Module):
     def __init__(self, model_proto, name=None):
         super().__init__(name=name)
         if not isinstance(model_proto, bytes) or not model_proto:
-            raise ValueError("`model_proto` must be the non-empty bytes of a SentencePiece model.")
-        processor = sentencepiece.SentencePieceProcessor(model_proto=model_proto)
+            raise TokenizerModelError(
+                "`model_proto` must be the non-empty bytes of a SentencePiece model.")
+        try:
+            processor = sentencepiece.SentencePieceProcessor(model_proto=model_proto)
+        except RuntimeError as e:  # sentencepiece's "ParseFromArray" failure.
+            raise TokenizerModelError(
+                f"not a SentencePiece model proto ({str(e).strip()}); expected the `.model` "
+                "file that SentencePiece's trainer writes."
+            ) from None
         self.model_proto = model_proto
-        self.vocab_size = processor.get_piece_size()
-        self.pad_id = processor.pad_id()
+        self.piece_count = processor.get_piece_size()
         self.unk_id = processor.unk_id()
         self.bos_id = processor.bos_id()
         self.eos_id = processor.eos_id()
-        for name_, value in (("pad", self.pad_id), ("bos", self.bos_id), ("eos", self.eos_id)):
-            if value < 0:
-                raise ValueError(
-                    f"The SentencePiece model has no {name_} id; train it with "
-                    "`train_sentencepiece` (pad 0, unk 1, bos 2, eos 3)."
-                )
+        missing = [n for n, value in (("bos", self.bos_id), ("eos", self.eos_id)) if value < 0]
+        if missing:
+            raise TokenizerModelError(
+                f"the SentencePiece model has no {' and no '.join(missing)} id, which "
+                "translation needs (targets start with bos and end with eos). Retrain it "
+                "with `--bos_id=1 --eos_id=2` (SentencePiece's defaults; or any free ids), "
+                "or with `train_sentencepiece` (pad 0, unk 1, bos 2, eos 3)."
+            )
+        self.pad_id = processor.pad_id()
+        # No pad piece: padding gets the first id past the pieces, an
+        # embedding row of its own that no text maps to.
+        self.added_pad = self.pad_id < 0
+        if self.added_pad:
+            self.pad_id = self.piece_count
+        self.vocab_size = self.piece_count + int(self.added_pad)
         # A tf.Module attribute, so SavedModel export tracks the resource.
-        self.sentencepiece = tensorflow_text.SentencepieceTokenizer(model=model_proto)
+        # tensorflow-text keys the SentencePiece resource by its op's name, so
+        # a loaded SavedModel with two vocabularies needs two names.
+        digest = hashlib.sha256(model_proto).hexdigest()[:16]
+        self.sentencepiece = tensorflow_text.SentencepieceTokenizer(
+            model=model_proto, name=f"sentencepiece_{digest}")
 
     @classmethod
     def from_file(cls, path):
+        """The tokenizer of the SentencePiece model file at `path`.
+
+        Raises `FileNotFoundError` naming `path` when there is no such file,
+        `TokenizerModelError` (a `ValueError`) naming it when it is not a
+        usable SentencePiece model.
+        """
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: no such SentencePiece model file.")
         with open(path, "rb") as f:
-            return cls(f.read())
+            data = f.read()
+        if not data:
+            raise TokenizerModelError(f"{path}: the file is empty; expected a SentencePiece "
+                                      "model.")
+        try:
+            return cls(data)
+        except TokenizerModelError as e:
+            raise TokenizerModelError(f"{path}: {e}") from None
 
     def save(self, path):
         """Writes the model proto to `path` atomically."""
@@ -146,10 +213,31 @@ class SubwordTokenizer(tf.Module):
         ids = tf.cast(ids, tf.int32)
         if strip_special:
             ids = strip_after_eos(ids, self.eos_id, self.pad_id, self.bos_id)
+        elif self.added_pad:
+            # The added pad id has no piece for the op to look up; SentencePiece
+            # renders its own control pieces (pad, bos, eos) as nothing too.
+            ids = tf.ragged.boolean_mask(ids, tf.not_equal(ids, self.pad_id))
         return self.sentencepiece.detokenize(ids)
 
     def id_to_piece(self, ids):
-        return self.sentencepiece.id_to_string(ids)
+        """Pieces (`tf.string`, the shape of `ids`, dense or ragged) of ids in
+        `[0, vocab_size)`; the added pad id is `"<pad>"`. Other ids raise
+        `tf.errors.InvalidArgumentError` (the tf-text op would crash the
+        process on them)."""
+        if isinstance(ids, tf.RaggedTensor):
+            return ids.with_flat_values(self.id_to_piece(ids.flat_values))
+        ids = tf.cast(ids, tf.int32)
+        checks = [
+            tf.debugging.assert_non_negative(ids, message="ids must be >= 0"),
+            tf.debugging.assert_less(ids, tf.constant(self.vocab_size, tf.int32),
+                                     message=f"ids must be < vocab_size ({self.vocab_size})"),
+        ]
+        with tf.control_dependencies(checks):
+            in_model = ids < self.piece_count
+            pieces = self.sentencepiece.id_to_string(tf.where(in_model, ids, self.unk_id))
+        if self.added_pad:
+            pieces = tf.where(in_model, pieces, ADDED_PAD_PIECE)
+        return pieces
 
 
 def strip_after_eos(ids, eos_id, pad_id, bos_id):

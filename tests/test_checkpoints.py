@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -107,3 +109,13 @@ def test_averaged_checkpoint_is_the_elementwise_mean(tmp_path, tiny_config):
     output, inputs = average_checkpoints(run.path, 5, allow_fewer=True)
     assert [p.rsplit("/", 1)[1] for p in inputs] == ["ckpt-1", "ckpt-2", "ckpt-3", "ckpt-4"]
     assert output.endswith("averaged/ckpt-4")
+    # What was averaged is recorded next to it.
+    sources = json.loads((tmp_path / "run" / "averaged" / "sources.json").read_text())
+    assert (sources["chosen"], sources["num"], sources["newest_training_step"]) == ("last", 4, 4)
+    assert [s["step"] for s in sources["sources"]] == [1, 2, 3, 4]
+    output, inputs = average_checkpoints(run.path, 0, checkpoints=["ckpt-1", "ckpt-3"])
+    assert output.endswith("averaged/ckpt-3")
+    sources = json.loads((tmp_path / "run" / "averaged" / "sources.json").read_text())
+    assert sources["chosen"] == "explicit"
+    assert [s["prefix"] for s in sources["sources"]] == ["checkpoints/ckpt-1",
+                                                         "checkpoints/ckpt-3"]

@@ -1,6 +1,7 @@
 """The exported translator: same answers in a fresh process that imports only
 tensorflow and tensorflow_text, only stock ops, each variable once, defined
-outputs for bad input."""
+outputs for bad input; n-best lists and samples, in-process and served; a
+target vocabulary of its own."""
 
 import base64
 import json
@@ -15,8 +16,10 @@ import pytest
 import tensorflow as tf
 
 import keras_transformer as kt
+from keras_transformer.decoding import beam_search_translate
 from keras_transformer.export import Translator, export_translator
 from keras_transformer.export.saved_model import read_metadata, versions
+from keras_transformer.export.translator import sanitize_utf8
 from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
 from test_tokenizer import CORPUS
 
@@ -24,6 +27,8 @@ MAX_LENGTH = 20
 SENTENCES = ["A man rides his bike across the bridge.", "Two dogs", "Die Mädchen."]
 LONG = "The girls cross the street while it snows. " * 12
 BAD = ["", "  \t\n ", LONG, b"caf\xc3 \xff\xfe ok", "Two dogs"]
+# The sampling options the in-process and served samples share.
+SAMPLING = dict(temperature=0.8, top_k=20, top_p=0.9, seed=5)
 FRESH = """
 import base64, json, sys
 import tensorflow as tf
@@ -56,6 +61,36 @@ for key in ("sentences", "bad"):
                          "score": r["score"].numpy().tolist()}
 r = sig["translate_xla"](text=tf.constant([], tf.string))
 out["xla_empty_batch"] = r["translation"].shape.as_list()
+r = sig["translate_nbest"](text=texts("nbest"), n=tf.constant(3), beam_size=tf.constant(3),
+                           alpha=tf.constant(0.6), extra_length=tf.constant(4))
+out["nbest"] = {"translations": [[base64.b64encode(t).decode() for t in row]
+                                 for row in r["translations"].numpy()],
+                "scores": r["scores"].numpy().tolist()}
+r = sig["translate_nbest"](text=tf.constant([], tf.string), n=tf.constant(2),
+                           beam_size=tf.constant(3), alpha=tf.constant(0.6),
+                           extra_length=tf.constant(4))
+out["nbest_empty_batch"] = r["translations"].shape.as_list()
+s = request["sampling"]
+r = sig["translate_sample"](text=texts("sample"), temperature=tf.constant(s["temperature"]),
+                            top_k=tf.constant(s["top_k"]), top_p=tf.constant(s["top_p"]),
+                            seed=tf.constant(s["seed"], tf.int64), extra_length=tf.constant(4))
+out["sample"] = {"translation": [base64.b64encode(t).decode() for t in r["translation"].numpy()],
+                 "score": r["score"].numpy().tolist()}
+out["bad_options"] = {}
+for name, signature, options in [
+        ("n", "translate_nbest", dict(n=tf.constant(4), beam_size=tf.constant(3),
+                                      alpha=tf.constant(0.6), extra_length=tf.constant(4))),
+        ("top_p", "translate_sample", dict(
+            temperature=tf.constant(1.0), top_k=tf.constant(0), top_p=tf.constant(0.0),
+            seed=tf.constant(0, tf.int64), extra_length=tf.constant(4))),
+        ("temperature", "translate_sample", dict(
+            temperature=tf.constant(-1.0), top_k=tf.constant(0), top_p=tf.constant(1.0),
+            seed=tf.constant(0, tf.int64), extra_length=tf.constant(4)))]:
+    try:
+        sig[signature](text=texts("sentences"), **options)
+        out["bad_options"][name] = None
+    except tf.errors.InvalidArgumentError as e:
+        out["bad_options"][name] = e.message
 try:
     sig["translate_with_options"](text=texts("sentences"), beam_size=tf.constant(0),
                                   alpha=tf.constant(0.6), extra_length=tf.constant(5))
@@ -65,6 +100,7 @@ except tf.errors.InvalidArgumentError as e:
 proto = saved_model_pb2.SavedModel()
 with open(request["path"] + "/saved_model.pb", "rb") as f:
     proto.ParseFromString(f.read())
+out["signatures"] = sorted(proto.meta_graphs[0].signature_def)
 ops = set()
 for graph in proto.meta_graphs:
     ops |= {node.op for node in graph.graph_def.node}
@@ -126,14 +162,33 @@ def exported(tmp_path_factory):
     # the weights do not depend on which tests ran first (and before the
     # tokenizer exists: seeding destroys eager tf-text resources).
     keras.utils.set_random_seed(20261122)
+    # Separate vocabularies: the target's (BPE, 420 pieces) differs from the
+    # source's (unigram, 332 pieces), and its ids past 331 exist only there.
     tokenizer = SubwordTokenizer(train_sentencepiece(CORPUS, vocab_size=400))
-    config = kt.get_config("tiny", vocab_size=tokenizer.vocab_size, dropout=0.0,
+    target = SubwordTokenizer(train_sentencepiece(CORPUS, vocab_size=420, model_type="bpe"))
+    config = kt.get_config("tiny", vocab_size=tokenizer.vocab_size,
+                           target_vocab_size=target.vocab_size, dropout=0.0,
                            max_length=MAX_LENGTH)
     model = kt.Transformer(config)
     model.build()
-    translator = Translator(model, tokenizer, beam_size=3, alpha=0.6, extra_length=4)
+    translator = Translator(model, tokenizer, beam_size=3, alpha=0.6, extra_length=4,
+                            target_tokenizer=target)
     long_tokens = tokenizer.tokenize(tf.constant([LONG])).to_list()[0]
     ids = tokenizer.tokenize(tf.constant(SENTENCES)).to_tensor().numpy()
+    # The n-best lists of the Python API's beam search, detokenized, on the
+    # sources as the input rules make them (truncated, eos appended).
+    rows = [t[:MAX_LENGTH - 1] + [config.eos_id]
+            for t in tokenizer.tokenize(tf.constant(SENTENCES)).to_list()]
+    source_ids = np.full((len(rows), max(map(len, rows))), config.pad_id, "int32")
+    for i, row in enumerate(rows):
+        source_ids[i, :len(row)] = row
+    sequences, scores = beam_search_translate(model, source_ids, 3, 0.6, 4,
+                                              source_length=np.array([len(r) for r in rows]))
+    reference_nbest = [
+        list(zip([t.decode("utf-8") for t in sanitize_utf8(target.detokenize(
+            np.asarray(sequences[b]))).numpy()], np.asarray(scores[b]).tolist()))
+        for b in range(len(rows))]
+    served_ids = translator.serve_ids(tf.constant(ids))
     result = {
         "sentences": translator.translate(SENTENCES),
         "bad": translator.translate(BAD),
@@ -151,9 +206,26 @@ def exported(tmp_path_factory):
         "weight_shapes": sorted(tuple(w.shape) for w in model.weights),
         "long_tokens": long_tokens,
         "ids_input": ids.tolist(),
+        # Output ids detokenized by each vocabulary.
+        "by_target": [t.decode("utf-8") for t in sanitize_utf8(
+            target.detokenize(served_ids["translation_ids"])).numpy()],
+        "by_source": [t.decode("utf-8", "replace") for t in tokenizer.detokenize(
+            tf.minimum(served_ids["translation_ids"], tokenizer.vocab_size - 1)).numpy()],
+        "nbest": translator.translate_nbest(SENTENCES + BAD, 3),
+        "nbest_reference": reference_nbest,
+        "beam_3": translator.translate(SENTENCES + BAD, beam_size=3),
+        "nbest_wider": translator.translate_nbest(SENTENCES, 2, beam_size=4, alpha=0.0,
+                                                  extra_length=3),
+        "beam_4": translator.translate(SENTENCES, beam_size=4, alpha=0.0, extra_length=3),
+        "sample": translator.sample(SENTENCES + BAD, **SAMPLING),
+        "sample_again": translator.sample(SENTENCES + BAD, **SAMPLING),
+        "sample_in_ones": translator.sample(SENTENCES + BAD, batch_size=1, **SAMPLING),
+        "sample_other_seed": translator.sample(SENTENCES + BAD, **dict(SAMPLING, seed=6)),
+        "sample_greedy": translator.sample(SENTENCES, temperature=0.0),
+        "greedy": translator.translate(SENTENCES, beam_size=1, alpha=0.0),
     }
     serving = (translator.serve, translator.serve_with_options, translator.serve_ids,
-               translator.serve_xla)
+               translator.serve_xla, translator.serve_nbest, translator.serve_sample)
     traced = [f.experimental_get_tracing_count() for f in serving]
     result["path"] = export_translator(
         translator, str(tmp_path_factory.mktemp("saved_models")), name="tiny"
@@ -170,6 +242,7 @@ def fresh(exported):
         "path": exported["path"], "sentences": b64(SENTENCES), "bad": b64(BAD),
         "ids": exported["ids_input"], "long_ids": [long],
         "truncated_ids": [long[: MAX_LENGTH - 1]],
+        "nbest": b64(SENTENCES + BAD), "sample": b64(SENTENCES + BAD), "sampling": SAMPLING,
     }
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run([sys.executable, "-c", FRESH], input=json.dumps(request),
@@ -257,6 +330,7 @@ def test_the_xla_signature_gives_the_serving_default_translations(exported, fres
     assert fresh["reaches_xla"] == {"serving_default": False,
                                     "translate_with_options": False,
                                     "translate_ids": False, "translate_xla": True,
+                                    "translate_nbest": False, "translate_sample": False,
                                     "__saved_model_init_op": False}
 
 
@@ -274,9 +348,14 @@ def test_long_sources_are_truncated_as_documented(exported, fresh):
 
 
 def test_every_op_is_registered_by_tensorflow_or_tensorflow_text(fresh):
+    # The ops of every function in the SavedModel, the n-best and sampling
+    # signatures' included: their stateless uniforms and per-sentence
+    # hashes are in the list.
+    assert {"translate_nbest", "translate_sample"} <= set(fresh["signatures"])
     assert fresh["unregistered"] == []
     assert {"SentencepieceOp", "SentencepieceTokenizeOp", "SentencepieceDetokenizeOp",
-            "While", "TopKV2"} <= set(fresh["ops"])
+            "While", "TopKV2", "StatelessRandomUniformV2", "StringToHashBucketFast",
+            "Cumsum"} <= set(fresh["ops"])
     forbidden = [op for op in fresh["ops"]
                  if op.startswith("Xla") or op in ("PyFunc", "EagerPyFunc", "PyFuncStateless")]
     assert forbidden == []
@@ -285,7 +364,7 @@ def test_every_op_is_registered_by_tensorflow_or_tensorflow_text(fresh):
 def test_export_traces_each_serving_function_once(exported):
     # Once, in the SavedModel's own tracing context: a concrete function traced
     # before `tf.saved_model.save` would be traced there a second time.
-    assert exported["traces_at_export"] == [1, 1, 1, 1]
+    assert exported["traces_at_export"] == [1, 1, 1, 1, 1, 1]
 
 
 def test_the_saved_model_carries_no_gradient_functions(fresh):
@@ -316,7 +395,9 @@ def test_saved_model_cli_lists_the_signatures(exported):
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert done.returncode == 0, done.stderr[-2000:]
     for name in ("serving_default", "translate_with_options", "translate_ids", "translate_xla",
-                 "inputs['text']", "outputs['translation']", "outputs['score']"):
+                 "translate_nbest", "translate_sample", "inputs['text']", "inputs['n']",
+                 "inputs['seed']", "outputs['translation']", "outputs['score']",
+                 "outputs['translations']", "outputs['scores']"):
         assert name in done.stdout
 
 
@@ -325,6 +406,74 @@ def test_metadata_records_the_decoding_defaults(exported):
     assert (metadata["beam_size"], metadata["alpha"], metadata["extra_length"]) == (3, 0.6, 4)
     assert metadata["max_source_tokens"] == MAX_LENGTH - 1
     assert metadata["config"]["max_length"] == MAX_LENGTH
+    assert (metadata["shared_vocabulary"], metadata["source_vocab_size"],
+            metadata["target_vocab_size"]) == (False, 332, 420)
+    assert {"translate_nbest", "translate_sample"} <= set(metadata["signatures"])
+
+
+def test_the_output_is_detokenized_with_the_target_vocabulary(exported, fresh):
+    # Output ids are target ids: the translations are the target
+    # vocabulary's pieces, not the source's (which read the same ids as
+    # other text), in-process and served (loaded, the two SentencePiece
+    # resources stay apart: tokenizing with the target's or detokenizing
+    # with the source's would give other text).
+    translations = exported["sentences"][0]
+    assert translations == exported["by_target"]
+    assert translations != exported["by_source"]
+    assert decoded(fresh["sentences"]) == translations
+
+
+def test_n_best_lists_are_the_beam_searchs_best_first(exported):
+    nbest, (translations, scores) = exported["nbest"], exported["beam_3"]
+    assert len(nbest) == len(SENTENCES + BAD) and all(len(row) == 3 for row in nbest)
+    for row, reference in zip(nbest, exported["nbest_reference"]):  # the Python API's
+        assert [t for t, _ in row] == [t for t, _ in reference]
+        np.testing.assert_allclose([s for _, s in row], [s for _, s in reference],
+                                   rtol=1e-5, atol=1e-5)
+    for row, translation, score in zip(nbest, translations, scores):
+        assert row[0][0] == translation  # the first is translate's
+        assert row[0][1] == pytest.approx(score, abs=1e-5)
+        assert [s for _, s in row] == sorted((s for _, s in row), reverse=True)
+    assert nbest[0][0] != nbest[0][1]  # distinct hypotheses, not one repeated
+    assert nbest[3] == [("", 0.0)] * 3 and nbest[4] == [("", 0.0)] * 3  # empty, blank
+    for row, translation in zip(exported["nbest_wider"], exported["beam_4"][0]):
+        assert len(row) == 2 and row[0][0] == translation
+
+
+def test_the_served_n_best_lists_are_the_in_process_ones(exported, fresh):
+    served = [[base64.b64decode(t).decode("utf-8") for t in row]
+              for row in fresh["nbest"]["translations"]]
+    assert served == [[t for t, _ in row] for row in exported["nbest"]]
+    np.testing.assert_allclose(fresh["nbest"]["scores"],
+                               [[s for _, s in row] for row in exported["nbest"]],
+                               rtol=1e-5, atol=1e-5)
+    assert fresh["nbest_empty_batch"] == [0, 2]
+    assert "n must be between 1 and beam_size" in fresh["bad_options"]["n"]
+
+
+def test_samples_are_reproducible_per_seed_and_sentence(exported, fresh):
+    translations, scores = exported["sample"]
+    assert exported["sample_again"] == (translations, scores)
+    # Batch-independent: one sentence a batch gives the same samples.
+    assert exported["sample_in_ones"][0] == translations
+    np.testing.assert_allclose(exported["sample_in_ones"][1], scores, rtol=1e-5, atol=1e-5)
+    assert exported["sample_other_seed"][0] != translations
+    assert translations[3:5] == ["", ""] and scores[3:5] == [0.0, 0.0]  # empty, blank
+    assert translations[1] == translations[7]  # "Two dogs" twice, one seed: one sample
+    assert all(math.isfinite(s) and s <= 0 for s in scores)
+    # Served: the same samples for the same request.
+    assert decoded(fresh["sample"]) == translations
+    np.testing.assert_allclose(fresh["sample"]["score"], scores, rtol=1e-5, atol=1e-5)
+    assert "top_p must be in (0, 1]" in fresh["bad_options"]["top_p"]
+    assert "temperature must be >= 0" in fresh["bad_options"]["temperature"]
+
+
+def test_temperature_zero_samples_the_greedy_translation(exported):
+    # Beam 1 with alpha 0 is greedy search, and its score log P, as a
+    # sample's.
+    assert exported["sample_greedy"][0] == exported["greedy"][0]
+    np.testing.assert_allclose(exported["sample_greedy"][1], exported["greedy"][1],
+                               rtol=1e-5, atol=1e-5)
 
 
 class _Tiny(tf.Module):
@@ -378,3 +527,13 @@ def test_rejects_a_tokenizer_that_is_not_the_models():
     model = kt.Transformer(config)
     with pytest.raises(ValueError, match="eos_id"):
         Translator(model, tokenizer)
+    # Source against `vocab_size`, target against `output_vocab_size`.
+    target = SubwordTokenizer(train_sentencepiece(CORPUS, vocab_size=420, model_type="bpe"))
+    separate = kt.get_config("tiny", vocab_size=tokenizer.vocab_size,
+                             target_vocab_size=target.vocab_size)
+    Translator(kt.Transformer(separate), tokenizer, target_tokenizer=target)
+    with pytest.raises(ValueError, match="target tokenizer has 420 pieces"):
+        Translator(kt.Transformer(separate.replace(target_vocab_size=400)), tokenizer,
+                   target_tokenizer=target)
+    with pytest.raises(ValueError, match="source tokenizer has 420 pieces"):
+        Translator(kt.Transformer(separate), target, target_tokenizer=target)

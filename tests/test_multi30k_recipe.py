@@ -1,9 +1,11 @@
 """scripts/multi30k.sh end to end on a tiny stand-in corpus with Multi30k's
-file layout: a wall-time-budgeted training run (--max-minutes), checkpoint
-averaging, beam search over test_2016_flickr and sacreBLEU. The real run is
-in docs/training.md (Recipes)."""
+file layout: a wall-time-budgeted training run (--max-minutes) that validates
+with greedy BLEU and keeps the best checkpoints, the average of the best,
+beam search over test_2016_flickr and sacreBLEU. The real run is in
+docs/training.md (Recipes)."""
 
 import gzip
+import json
 import os
 import re
 import subprocess
@@ -24,8 +26,8 @@ def test_the_recipe_runs_on_a_time_budget(tmp_path):
     out = subprocess.run(
         ["bash", os.path.join(ROOT, "scripts", "multi30k.sh"), "--config", "tiny",
          "--vocab-size", "400", "--batch-tokens", "128", "--max-length", "64",
-         "--checkpoint-every", "3", "--steps-per-epoch", "5", "--warmup-steps", "20",
-         "--shuffle-buffer", "50"],
+         "--checkpoint-every", "3", "--validate-every", "5", "--bleu-sentences", "4",
+         "--warmup-steps", "20", "--shuffle-buffer", "50"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     stopped = re.search(r"Stopping after 0\.2 minutes of training \(--max-minutes\) at step "
@@ -34,11 +36,16 @@ def test_the_recipe_runs_on_a_time_budget(tmp_path):
     step = int(stopped.group(1))
     assert f"Training finished at step {step};" in out.stdout
     assert (run / "checkpoints" / f"ckpt-{step}.index").exists()  # saved at the stop
-    # However many checkpoints this machine's speed left (every 3 steps and
-    # at the stop, 5 kept), the newest of them, up to 5, are averaged.
-    kept = sorted((f[:-len(".index")] for f in os.listdir(run / "checkpoints")
-                   if f.endswith(".index")), key=lambda name: int(name.split("-")[1]))
-    assert f"Averaged {min(5, len(kept))} checkpoints ({', '.join(kept[-5:])})" in out.stdout
+    assert re.search(r"Step \d+: validation BLEU \d+\.\d\d \(4 sentences\)", out.stdout)
+    # However many validations this machine's speed allowed (every 5 steps),
+    # the best of them, up to 5, are averaged.
+    index = json.loads((run / "best" / "index.json").read_text())
+    best = [entry["name"] for entry in index["best"]]
+    assert 1 <= len(best) <= 5 and len(index["history"]) >= len(best)
+    averaged = re.search(r"Averaged (\d+) checkpoints \(([^)]*)\)", out.stdout)
+    assert averaged and int(averaged.group(1)) == len(best), out.stdout[-3000:]
+    assert set(averaged.group(2).split(", ")) == set(best)
+    assert "Loaded averaged/ckpt-" in out.stderr
     assert os.listdir(run / "averaged")
     assert "BLEU|nrefs:1|case:mixed|eff:no|tok:13a" in out.stdout
     assert len((run / "test_2016_flickr.hyp.de").read_text().splitlines()) == 6

@@ -48,3 +48,24 @@ def test_reads_in_batches_not_one_element_at_a_time():
     seconds = time.perf_counter() - started
     assert got == reference
     assert seconds * 5 < reference_seconds, (seconds, reference_seconds)
+
+
+@pytest.mark.parametrize("max_pairs", [None, 5, 9])
+def test_one_side_for_separate_vocabularies(max_pairs):
+    dataset, sources, targets = pairs_dataset(23)
+    count = 23 if not max_pairs else max_pairs
+    assert list(sentences_for_vocabulary(dataset, max_pairs, batch_size=4,
+                                         side="source")) == sources[:count]
+    assert list(sentences_for_vocabulary(dataset, max_pairs, batch_size=4,
+                                         side="target")) == targets[:count]
+    # "both" is the default and interleaves as before.
+    assert list(sentences_for_vocabulary(dataset, max_pairs, batch_size=4, side="both")) == \
+        list(sentences_for_vocabulary(dataset, max_pairs, batch_size=4)) == \
+        one_by_one(dataset, max_pairs)
+
+
+def test_an_unknown_side_is_refused_at_the_call():
+    dataset, _, _ = pairs_dataset(3)
+    with pytest.raises(ValueError, match=r"`side` must be one of \('both', 'source', 'target'\), "
+                                         r"received 'src'"):
+        sentences_for_vocabulary(dataset, side="src")

@@ -58,3 +58,20 @@ def test_rejects_a_bad_model():
         train_sentencepiece(CORPUS, vocab_size=50)
     with pytest.raises(ValueError, match="SentencePiece"):
         SubwordTokenizer(b"")
+
+
+@pytest.mark.parametrize("coverage", [0, -0.5, 1.0001, 2, "1.0", None, True])
+def test_character_coverage_must_be_in_0_1(coverage):
+    with pytest.raises(ValueError, match=r"`character_coverage` must be a number in \(0, 1\]"):
+        train_sentencepiece(CORPUS, vocab_size=400, character_coverage=coverage)
+
+
+def test_a_character_coverage_below_one_leaves_rare_characters_to_bytes():
+    # One rare character among many common ones: 0.99 leaves it out of the
+    # pieces, and byte fallback still gives it back exactly.
+    rare = CORPUS + ["Das Wort ☃ kommt einmal vor."]
+    full = SubwordTokenizer(train_sentencepiece(rare, vocab_size=400))
+    partial = SubwordTokenizer(train_sentencepiece(rare, vocab_size=400, character_coverage=0.99))
+    text = tf.constant(["☃"])
+    assert full.tokenize(text).flat_values.shape[0] < partial.tokenize(text).flat_values.shape[0]
+    assert partial.detokenize(partial.tokenize(text)).numpy()[0].decode() == "☃"

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import tensorflow as tf
 
 import keras_transformer as kt
@@ -63,6 +64,7 @@ def test_resumes_after_sigkill_at_the_step_reached(tmp_path):
     match = re.search(r"Resumed from (\S+) at step (\d+); learning rate (\S+)", second.stdout)
     assert match, second.stdout[-3000:]
     assert match.group(1) == latest and int(match.group(2)) == reached
+    assert f"Skipping the {reached} micro-batches already trained on" in second.stdout
     schedule = kt.TransformerSchedule(64, warmup_steps=50)
     assert abs(float(match.group(3)) - float(schedule(reached))) <= 1e-6 * float(schedule(reached))
     assert "Training finished at step 60;" in second.stdout
@@ -71,6 +73,29 @@ def test_resumes_after_sigkill_at_the_step_reached(tmp_path):
     assert "Training a" not in second.stdout
     leftovers = [n for n in os.listdir(run) if n.startswith(".tmp")]
     assert not leftovers
+
+    # Exact resume: the killed-and-resumed run ends with the weights of an
+    # uninterrupted run (same batches, same dropout draws, same updates).
+    whole = tmp_path / "whole"
+    uninterrupted = [str(whole) if part == str(run) else part for part in command]
+    third = subprocess.run(uninterrupted, capture_output=True, text=True, env=ENV, cwd=ROOT,
+                           timeout=300)
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    resumed = tf.train.load_checkpoint(str(run / "checkpoints" / "ckpt-60"))
+    straight = tf.train.load_checkpoint(str(whole / "checkpoints" / "ckpt-60"))
+    # Every saved value: weights, Adam's moments, step, dropout seeds, data position.
+    names = [n for n, _ in tf.train.list_variables(str(whole / "checkpoints" / "ckpt-60"))
+             if n != "_CHECKPOINTABLE_OBJECT_GRAPH"]
+    assert len(names) > 50 and "data_position/.ATTRIBUTES/VARIABLE_VALUE" in names
+    for name in names:
+        a, b = resumed.get_tensor(name), straight.get_tensor(name)
+        if a.dtype.kind == "f":
+            # Same operations on the same machine: equal up to float32
+            # rounding (a few ulps of the weights' scale).
+            bound = 8 * np.finfo(np.float32).eps * max(1.0, float(np.abs(b).max()))
+            assert np.abs(a - b).max() <= bound, (name, np.abs(a - b).max())
+        else:
+            assert (a == b).all(), name
 
     # A different corpus or model on the same run directory is refused.
     changed = command[:command.index("--config") + 1] + ["small"] + command[command.index("--config") + 2:]

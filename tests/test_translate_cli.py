@@ -1,9 +1,15 @@
 """kt-export, kt-translate and kt-evaluate (keras_transformer/cli/) on a
-hand-made run directory."""
+hand-made run directory: 1-best, n-best and sampling, from the run
+directory and from its export."""
 
+import contextlib
 import io
 import json
+import os
+import subprocess
+import sys
 
+import keras
 import pytest
 import tensorflow as tf
 
@@ -32,19 +38,34 @@ def make_run_directory(path):
     return run
 
 
-def test_export_translate_and_evaluate(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def exported_run(tmp_path_factory):
+    """A run directory, its test set and its export (beam 2, extra length
+    3), shared by the tests of this module."""
+    tmp_path = tmp_path_factory.mktemp("cli")
+    # Module fixtures are set up before the per-test seeding: seed here, so
+    # the weights are the same whichever test runs first.
+    keras.utils.set_random_seed(1234)
     run = make_run_directory(str(tmp_path / "de_en"))
     source = tmp_path / "test.de"
     source.write_bytes("\n".join(SOURCES).encode("utf-8") + b"\n\xff\xfe\n")
     reference = tmp_path / "test.en"
     reference.write_text("A man rides a bike.\n\nThe girls cross the street.\nNothing.\n")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exported = export.export([
+            "--run-dir", run.path, "--output-dir", str(tmp_path / "saved_models"),
+            "--beam-size", "2", "--extra-length", "3",
+        ])
+    return dict(tmp_path=tmp_path, run=run, source=source, reference=reference,
+                exported=exported, printed=printed.getvalue())
 
-    exported = export.export([
-        "--run-dir", run.path, "--output-dir", str(tmp_path / "saved_models"),
-        "--beam-size", "2", "--extra-length", "3",
-    ])
+
+def test_export_translate_and_evaluate(exported_run, capsys):
+    tmp_path, run, exported = (exported_run[k] for k in ("tmp_path", "run", "exported"))
+    source, reference = exported_run["source"], exported_run["reference"]
     assert exported == str(tmp_path / "saved_models" / "de_en" / "1")
-    assert capsys.readouterr().out == exported + "\n"
+    assert exported_run["printed"] == exported + "\n"
 
     out = io.StringIO()
     from_saved, saved_scores = translate.translate(
@@ -114,3 +135,107 @@ def test_a_model_checkpoint_holds_every_weight(tmp_path):
     prefix = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
     stored = [n for n, _ in tf.train.list_variables(prefix) if n.startswith("model/")]
     assert len(stored) == len(model.weights)
+
+
+def parse_nbest(text):
+    """`i ||| translation ||| score` lines -> list per i of (text, score)."""
+    rows = {}
+    for line in text.split("\n")[:-1]:
+        index, translation, score = line.split(" ||| ")
+        rows.setdefault(int(index), []).append((translation, float(score)))
+    assert sorted(rows) == list(range(len(rows)))
+    return [rows[i] for i in range(len(rows))]
+
+
+def test_n_best_lines_from_the_run_directory_and_the_saved_model(exported_run):
+    from keras_transformer.export.saved_model import SavedModelTranslator
+
+    run, exported, source = (exported_run[k] for k in ("run", "exported", "source"))
+    api = SavedModelTranslator(exported).translate_nbest(
+        read_source(source), 3, beam_size=3, extra_length=3)
+    outputs = {}
+    for model in (["--run-dir", run.path], ["--saved-model", exported]):
+        out = io.StringIO()
+        returned = translate.translate(model + ["--input", str(source), "--n-best", "3",
+                                                "--beam-size", "3", "--extra-length", "3"],
+                                       stdout=out)
+        outputs[model[0]] = out.getvalue()
+        assert returned == api or model[0] == "--run-dir"
+        lines = parse_nbest(out.getvalue())
+        assert len(lines) == 4 and all(len(row) == 3 for row in lines)  # 3 a line, best first
+        for row, expected in zip(lines, api):
+            assert [t for t, _ in row] == [t for t, _ in expected]
+            assert [s for _, s in row] == pytest.approx([s for _, s in expected], abs=2e-4)
+            assert [s for _, s in row] == sorted((s for _, s in row), reverse=True)
+        assert lines[1] == [("", 0.0)] * 3  # the empty line
+    assert outputs["--run-dir"] == outputs["--saved-model"]
+    assert outputs["--saved-model"].startswith("0 ||| ")
+    # Without --beam-size the beam is max(n, the export's 2): the first of
+    # a 2-best list is the 1-best translation at beam 2.
+    one_best, _ = translate.translate(["--saved-model", exported, "--input", str(source)],
+                                      stdout=io.StringIO())
+    two_best = translate.translate(["--saved-model", exported, "--input", str(source),
+                                    "--n-best", "2"], stdout=io.StringIO())
+    assert [row[0][0] for row in two_best] == one_best
+
+
+def read_source(path):
+    from keras_transformer.cli.common import read_lines
+
+    return read_lines(str(path))
+
+
+def test_sampling_with_a_seed_is_reproducible_across_processes(exported_run):
+    run, exported, source = (exported_run[k] for k in ("run", "exported", "source"))
+    command = [sys.executable, "-m", "keras_transformer.cli.translate", "--saved-model",
+               exported, "--input", str(source), "--sampling", "--seed", "3",
+               "--temperature", "1.5", "--top-p", "0.95", "--scores"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    runs = [subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+            for _ in range(2)]
+    for done in runs:
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert runs[0].stdout == runs[1].stdout
+    lines = runs[0].stdout.split("\n")[:-1]
+    assert len(lines) == 4 and lines[1] == "0.0000\t"
+    # In-process, from the run directory (same checkpoint): the same samples;
+    # another seed gives others.
+    options = ["--input", str(source), "--sampling", "--seed", "3", "--temperature", "1.5",
+               "--top-p", "0.95", "--scores", "--extra-length", "3"]
+    out = io.StringIO()
+    translate.translate(["--run-dir", run.path] + options, stdout=out)
+    assert [line.split("\t")[1] for line in out.getvalue().split("\n")[:-1]] == [
+        line.split("\t")[1] for line in lines]
+    other = io.StringIO()
+    translate.translate(["--saved-model", exported] + options[:4] + ["4"] + options[5:],
+                        stdout=other)
+    assert other.getvalue() != runs[0].stdout
+    # Temperature 0 samples the greedy translation: beam 1, alpha 0.
+    greedy, _ = translate.translate(["--saved-model", exported, "--input", str(source),
+                                     "--sampling", "--temperature", "0"], stdout=io.StringIO())
+    beam_one, _ = translate.translate(["--saved-model", exported, "--input", str(source),
+                                       "--beam-size", "1", "--alpha", "0"],
+                                      stdout=io.StringIO())
+    assert greedy == beam_one
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--n-best", "3", "--beam-size", "2"], "--n-best (3) must be at most --beam-size (2)"),
+    (["--n-best", "0"], "--n-best must be at least 1"),
+    (["--n-best", "2", "--sampling"], "--n-best applies to beam search, not to --sampling"),
+    (["--n-best", "2", "--scores"], "--scores does not apply to --n-best"),
+    (["--sampling", "--top-p", "0"], "--top-p must be in (0, 1]"),
+    (["--sampling", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    (["--sampling", "--temperature", "-1"], "--temperature must be >= 0"),
+    (["--sampling", "--top-k", "-1"], "--top-k must be >= 0"),
+    (["--sampling", "--beam-size", "4"], "--beam-size applies to beam search"),
+    (["--temperature", "0.5"], "--temperature needs --sampling"),
+    (["--seed", "1"], "--seed needs --sampling"),
+])
+def test_flags_that_cannot_work_are_usage_errors_naming_the_flag(tmp_path, capsys, flags,
+                                                                 message):
+    # Checked before any model is loaded (the run directory does not exist).
+    with pytest.raises(SystemExit) as exit_info:
+        translate.translate(["--run-dir", str(tmp_path / "missing")] + flags)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

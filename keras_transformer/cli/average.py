@@ -1,5 +1,7 @@
-"""Average the last K checkpoints of a run into run_dir/averaged/ (paper 6.1:
-5 for base, 20 for big). Evaluation and export then use the average."""
+"""Average K checkpoints of a run into run_dir/averaged/: the last K training
+checkpoints (paper 6.1: 5 for base, 20 for big) or, with --from best, the
+best K by the validation metric from run_dir/best/. Evaluation and export then
+use the average (--checkpoint auto) until training goes on past it."""
 
 import argparse
 import os
@@ -12,9 +14,13 @@ def build_parser():
     p = argparse.ArgumentParser(prog="kt-average", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--run-dir", required=True, help="a run directory written by kt-train")
-    p.add_argument("--num", type=int, default=5, help="how many of the newest checkpoints")
+    p.add_argument("--num", type=int, default=5, help="how many checkpoints to average")
+    p.add_argument("--from", dest="source", choices=("last", "best"), default="last",
+                   help="last: the newest --num training checkpoints (checkpoints/); best: "
+                        "the best --num by the validation metric (best/, kept by kt-train "
+                        "--keep-best)")
     p.add_argument("--checkpoints", nargs="*", default=None,
-                   help="explicit checkpoint prefixes instead of the newest --num")
+                   help="explicit checkpoint prefixes instead of choosing --num")
     p.add_argument("--allow-fewer", action="store_true",
                    help="average all kept checkpoints when there are fewer than --num "
                         "(default: an error)")
@@ -27,14 +33,23 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     from keras_transformer.training.checkpoints import average_checkpoints
 
+    from keras_transformer.run_directory import RunDirectory
+
+    if args.checkpoints is not None and args.source == "best":
+        print("error: --checkpoints names the checkpoints; it cannot be combined with "
+              "--from best.", file=sys.stderr)
+        return 2
+    run = RunDirectory(args.run_dir)
     try:
-        output, inputs = average_checkpoints(args.run_dir, args.num, args.checkpoints,
-                                             allow_fewer=args.allow_fewer)
+        output, inputs = average_checkpoints(run, args.num, args.checkpoints,
+                                             allow_fewer=args.allow_fewer, source=args.source)
+        _, reason = run.resolve_checkpoint(output)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"Averaged {len(inputs)} checkpoints ({', '.join(os.path.basename(p) for p in inputs)}) "
           f"into {output}")
+    print(f"  {reason}")
     return 0
 
 

@@ -27,13 +27,35 @@ def translation_parser(prog, description):
 def add_model_arguments(parser, saved_model=True):
     """`--run-dir`/`--checkpoint` (and `--saved-model`) to choose a model."""
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--run-dir", help="a run directory (config.json, vocab.model, "
-                        "checkpoints/; its averaged checkpoint is preferred)")
+    source.add_argument("--run-dir", help="a run directory (config.json, vocabulary, "
+                        "checkpoints/; --checkpoint chooses which weights)")
     if saved_model:
         source.add_argument("--saved-model", help="an exported SavedModel: "
                             "saved_models/<name>/<version>, or saved_models/<name> (newest)")
-    parser.add_argument("--checkpoint", help="with --run-dir: a checkpoint prefix "
-                        "(e.g. runs/x/checkpoints/ckpt-12000) instead of the latest")
+    parser.add_argument("--checkpoint", help=CHECKPOINT_HELP)
+
+
+CHECKPOINT_HELP = (
+    "with --run-dir: auto (default: averaged/ unless stale, else best/, else the latest "
+    "training checkpoint), last, best, averaged (even if stale), best:K or last:K (average "
+    "the best/last K now into averaged/), or a checkpoint prefix (e.g. "
+    "runs/x/checkpoints/ckpt-12000)")
+
+
+def run_command(function, argv):
+    """Runs `function(argv)` as a command: bad input (a `ValueError`, a
+    missing file) is one `error:` line on stderr and exit status 2
+    (KT_TRACEBACK=1 raises instead); else 0."""
+    import os
+
+    try:
+        function(argv)
+    except (ValueError, FileNotFoundError) as e:
+        if os.environ.get("KT_TRACEBACK"):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def add_decoding_arguments(parser, defaults_from_model=False, xla=True):

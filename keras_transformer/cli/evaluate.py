@@ -18,6 +18,7 @@ from keras_transformer.cli.common import (
     one_line,
     open_from_args,
     read_lines,
+    run_command,
     translation_parser,
 )
 
@@ -67,8 +68,7 @@ def evaluate(argv=None, stdout=None):
 
 def main(argv=None):
     startup.start(argv)
-    evaluate(argv)
-    return 0
+    return run_command(evaluate, argv)
 
 
 if __name__ == "__main__":

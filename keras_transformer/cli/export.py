@@ -10,6 +10,13 @@ score, with --beam-size/--alpha/--extra-length fixed at export),
 `translate_with_options` (the same plus beam_size, alpha, extra_length
 inputs) and `translate_ids` (token ids in and out). It needs only
 TensorFlow and tensorflow-text to load.
+
+--checkpoint chooses the weights: auto (the default: averaged/ unless training
+went on after averaging, else the best validated checkpoint in best/, else the
+latest training checkpoint), last, best, averaged, best:K or last:K (average
+the best or last K now into averaged/), or a checkpoint prefix. The command
+prints `Exporting <checkpoint>: <why>` to stderr, and the SavedModel's path
+as the last (only) line of stdout.
 """
 
 import argparse
@@ -17,7 +24,11 @@ import os
 import sys
 
 from keras_transformer import startup
-from keras_transformer.cli.common import add_decoding_arguments, add_model_arguments
+from keras_transformer.cli.common import (
+    add_decoding_arguments,
+    add_model_arguments,
+    run_command,
+)
 
 
 def build_parser():
@@ -44,9 +55,16 @@ def export(argv=None):
     """
     from keras_transformer.export import export_translator, translator_from_run_directory
 
+    from keras_transformer.run_directory import RunDirectory
+
     args = build_parser().parse_args(argv)
+    run = RunDirectory(args.run_dir)
+    # Resolved once: "best:K" / "last:K" average as a side effect.
+    prefix, reason = run.resolve_checkpoint(args.checkpoint)
+    # stderr: stdout is the SavedModel's path alone, for scripts.
+    print(f"Exporting {reason}", file=sys.stderr, flush=True)
     translator = translator_from_run_directory(
-        args.run_dir, args.checkpoint, beam_size=args.beam_size, alpha=args.alpha,
+        run, prefix, beam_size=args.beam_size, alpha=args.alpha,
         extra_length=args.extra_length,
     )
     name = args.name or os.path.basename(os.path.normpath(args.run_dir))
@@ -56,9 +74,10 @@ def export(argv=None):
 
 
 def main(argv=None):
+    """kt-export; returns the exit status (2: no such checkpoint or a stale
+    average, with the reason on stderr)."""
     startup.start(argv)
-    export(argv)
-    return 0
+    return run_command(export, argv)
 
 
 if __name__ == "__main__":

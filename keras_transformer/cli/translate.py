@@ -1,14 +1,31 @@
 """Translates one sentence per line, from stdin or a file, to stdout, in
-batches, with beam search.
+batches, with beam search (default), n-best beam search or sampling.
 
     echo "Ein Mann fährt Fahrrad." | kt-translate --run-dir runs/base
     kt-translate --saved-model saved_models/de_en --input test.de \\
         --beam-size 4 --alpha 0.6 > test.hyp
+    kt-translate --run-dir runs/base --input test.de --n-best 4 > test.nbest
+    kt-translate --saved-model saved_models/de_en --input test.de \\
+        --sampling --temperature 0.8 --top-p 0.9 --seed 1 > test.sampled
 
 Input rules: empty or whitespace-only lines give empty lines; invalid UTF-8
 is read as U+FFFD; sources longer than the model's max_length - 1 subword
 tokens are truncated. Line breaks inside a translation become spaces, so
 output line i always translates input line i.
+
+--n-best K writes K lines per input line, best first, in the Moses/Marian
+format "i ||| translation ||| score" (i: the input line, from 0; score:
+the beam search score, log P / ((5 + length) / 6) ** alpha). K must be at
+most --beam-size; without --beam-size the beam is max(K, the default).
+
+--sampling draws each translation from the model instead: --temperature T
+(default 1; 0: greedy), --top-k K (default 0: off), --top-p P (nucleus, in
+(0, 1], default 1: off), --seed S (default 0). A sentence's sample depends
+only on the seed and its text, so the same command gives the same output;
+--scores then writes the model's log P of the sampled tokens.
+
+--n-best and --sampling run the search without XLA (--xla applies to the
+1-best beam search).
 """
 
 import sys
@@ -19,8 +36,11 @@ from keras_transformer.cli.common import (
     one_line,
     open_from_args,
     read_lines,
+    run_command,
     translation_parser,
 )
+
+SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": 0}
 
 
 def build_parser():
@@ -32,36 +52,101 @@ def build_parser():
                         help="sentences per batch (default: %(default)s)")
     parser.add_argument("--scores", action="store_true",
                         help="write 'score<TAB>translation' lines")
+    parser.add_argument("--n-best", type=int, default=None, metavar="K",
+                        help="write the K best translations of each line as "
+                        "'i ||| translation ||| score' lines (K <= --beam-size)")
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--sampling", action="store_true",
+                       help="sample each translation instead of beam search")
+    group.add_argument("--temperature", type=float, default=None,
+                       help="with --sampling: divides the log-probabilities; 0 is greedy "
+                       "(default: 1)")
+    group.add_argument("--top-k", type=int, default=None,
+                       help="with --sampling: sample among the K most probable tokens "
+                       "(default: 0, all)")
+    group.add_argument("--top-p", type=float, default=None,
+                       help="with --sampling: sample among the most probable tokens "
+                       "holding this probability, in (0, 1] (default: 1, all)")
+    group.add_argument("--seed", type=int, default=None,
+                       help="with --sampling: the random seed (default: 0)")
     return parser
+
+
+def check_arguments(parser, args):
+    """`parser.error` (exit status 2, naming the flag) for flag values and
+    combinations that cannot work."""
+    if args.batch_size < 1:
+        parser.error("--batch-size must be at least 1")
+    if args.n_best is not None:
+        if args.n_best < 1:
+            parser.error("--n-best must be at least 1")
+        if args.sampling:
+            parser.error("--n-best applies to beam search, not to --sampling")
+        if args.beam_size is not None and args.n_best > args.beam_size:
+            parser.error(f"--n-best ({args.n_best}) must be at most --beam-size "
+                         f"({args.beam_size})")
+        if args.scores:
+            parser.error("--scores does not apply to --n-best (its lines carry the scores)")
+    given = [name for name in SAMPLING_DEFAULTS if getattr(args, name) is not None]
+    if not args.sampling:
+        if given:
+            parser.error(f"--{given[0].replace('_', '-')} needs --sampling")
+        return
+    for name in ("beam_size", "alpha"):
+        if getattr(args, name) is not None:
+            parser.error(f"--{name.replace('_', '-')} applies to beam search, not to "
+                         "--sampling")
+    if args.temperature is not None and not args.temperature >= 0:
+        parser.error(f"--temperature must be >= 0, received {args.temperature}")
+    if args.top_k is not None and args.top_k < 0:
+        parser.error(f"--top-k must be >= 0, received {args.top_k}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        parser.error(f"--top-p must be in (0, 1], received {args.top_p}")
+    if args.seed is not None and not -2**63 <= args.seed < 2**63:
+        parser.error(f"--seed must fit in 64 bits, received {args.seed}")
 
 
 def translate(argv=None, stdout=None):
     """kt-translate as a function: writes the translations (to `stdout`
     when --output is `-`, default `sys.stdout`).
 
-    Returns: `(translations, scores)`.
+    Returns: `(translations, scores)`; with --n-best, a list per input line
+    of K `(translation, score)` pairs, best first.
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_arguments(parser, args)
     translator = open_from_args(args)
-    translations, scores = translator.translate(
-        read_lines(args.input), batch_size=args.batch_size,
-        **decoding_options(args, translator),
-    )
-    lines = [f"{s:.4f}\t{one_line(t)}" if args.scores else one_line(t)
-             for t, s in zip(translations, scores)]
+    sentences = read_lines(args.input)
+    if args.n_best is not None:
+        result = translator.translate_nbest(
+            sentences, args.n_best, beam_size=args.beam_size, alpha=args.alpha,
+            extra_length=args.extra_length, batch_size=args.batch_size)
+        lines = [f"{i} ||| {one_line(t)} ||| {s:.4f}"
+                 for i, nbest in enumerate(result) for t, s in nbest]
+    else:
+        if args.sampling:
+            options = {name: SAMPLING_DEFAULTS[name] if getattr(args, name) is None
+                       else getattr(args, name) for name in SAMPLING_DEFAULTS}
+            result = translator.sample(sentences, extra_length=args.extra_length,
+                                       batch_size=args.batch_size, **options)
+        else:
+            result = translator.translate(sentences, batch_size=args.batch_size,
+                                          **decoding_options(args, translator))
+        lines = [f"{s:.4f}\t{one_line(t)}" if args.scores else one_line(t)
+                 for t, s in zip(*result)]
     text = "".join(line + "\n" for line in lines)
     if args.output == "-":
         (stdout or sys.stdout).write(text)
     else:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(text)
-    return translations, scores
+    return result
 
 
 def main(argv=None):
     startup.start(argv)
-    translate(argv)
-    return 0
+    return run_command(translate, argv)
 
 
 if __name__ == "__main__":

@@ -29,12 +29,13 @@ def visualize(run_dir, sentence, output_dir, checkpoint=None, beam_size=4, alpha
     )
 
     run = RunDirectory(run_dir)
-    tokenizer = run.load_tokenizer()
+    source_tokenizer, tokenizer = run.load_tokenizers()
     model = run.load_model(checkpoint)
-    source = tokenizer.tokenize(tf.constant([sentence])).to_list()[0]
+    source = source_tokenizer.tokenize(tf.constant([sentence])).to_list()[0]
     if not source:
         raise ValueError("The sentence is empty after tokenization; nothing to visualise.")
-    source_ids = np.array([source[: model.config.max_length - 1] + [tokenizer.eos_id]], "int32")
+    source_ids = np.array([source[: model.config.max_length - 1] + [source_tokenizer.eos_id]],
+                          "int32")
     sequences, _ = beam_search_translate(model, source_ids, beam_size=beam_size, alpha=alpha)
     output = []
     for token in np.asarray(sequences)[0, 0].tolist():
@@ -42,9 +43,12 @@ def visualize(run_dir, sentence, output_dir, checkpoint=None, beam_size=4, alpha
         if token == tokenizer.eos_id:
             break
     target_ids = np.array([[tokenizer.bos_id] + output[:-1]], "int32")
-    pieces = lambda ids: [p.decode("utf-8") for p in tokenizer.id_to_piece(ids).numpy()]  # noqa: E731
+    def pieces(vocabulary, ids):
+        return [p.decode("utf-8") for p in vocabulary.id_to_piece(ids).numpy()]
+
     paths = plot_translation_attention(
-        model, pieces(source_ids[0]), source_ids, pieces(target_ids[0]), target_ids,
+        model, pieces(source_tokenizer, source_ids[0]), source_ids,
+        pieces(tokenizer, target_ids[0]), target_ids,
         output_dir,
     )
     paths["positional_encoding"] = plot_positional_encoding(
@@ -60,7 +64,9 @@ def build_parser():
     parser.add_argument("--run-dir", required=True, help="a training run directory")
     parser.add_argument("--sentence", required=True, help="source sentence to translate")
     parser.add_argument("--output-dir", help="where to write PNGs (default <run-dir>/pictures)")
-    parser.add_argument("--checkpoint", help="checkpoint prefix (default: averaged or latest)")
+    parser.add_argument("--checkpoint", help="auto (default: averaged/ unless stale, else "
+                        "best/, else the latest), last, best, averaged, best:K or last:K "
+                        "(average the best/last K now), or a checkpoint prefix")
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--alpha", type=float, default=0.6)
     startup.add_arguments(parser)
@@ -71,8 +77,12 @@ def main(argv=None):
     startup.start(argv)
     args = build_parser().parse_args(argv)
     output_dir = args.output_dir or os.path.join(args.run_dir, "pictures")
-    translation, paths = visualize(args.run_dir, args.sentence, output_dir, args.checkpoint,
-                                   args.beam_size, args.alpha)
+    try:
+        translation, paths = visualize(args.run_dir, args.sentence, output_dir,
+                                       args.checkpoint, args.beam_size, args.alpha)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"source:      {args.sentence}\ntranslation: {translation}")
     for name, path in paths.items():
         print(f"{name:20s} {path}")

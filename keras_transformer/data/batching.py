@@ -3,8 +3,8 @@ TensorFlow-only module.
 
     pairs (text, text)
       -> shuffle (optional), repeat (optional)
-      -> tokenize in the graph (tensorflow_text SentencePiece, the run's
-         shared vocabulary)
+      -> tokenize in the graph (tensorflow_text SentencePiece: the run's
+         shared vocabulary, or a source and a target one)
       -> source = tokens + eos; target_input = bos + tokens;
          target_output = tokens + eos
       -> drop pairs longer than `max_length` on either side, counted by a
@@ -14,6 +14,7 @@ TensorFlow-only module.
          holds at most `batch_tokens` source and `batch_tokens` target
          positions, padding included
       -> pad with the tokenizer's pad id
+      -> skip the batches a resumed run already trained on (optional)
       -> ((source_ids (batch, src_len), target_input_ids (batch, tgt_len)),
           target_ids (batch, tgt_len)), int32, ready for `model.fit`.
 
@@ -104,20 +105,48 @@ def bucket_batch_sizes(boundaries, batch_tokens):
     return [batch_tokens // (b - 1) if b > 1 else batch_tokens for b in boundaries] + [1]
 
 
-def tokenize_pairs(pairs, tokenizer, chunk_size=256):
+def check_special_ids(tokenizer, target_tokenizer):
+    """Raises ValueError unless both tokenizers have the same pad, bos and
+    eos ids: the model has one of each for both sides."""
+    if target_tokenizer is None or target_tokenizer is tokenizer:
+        return
+    differ = [
+        f"{name} {getattr(tokenizer, name + '_id')} vs {getattr(target_tokenizer, name + '_id')}"
+        for name in ("pad", "bos", "eos")
+        if getattr(tokenizer, name + "_id") != getattr(target_tokenizer, name + "_id")
+    ]
+    if differ:
+        raise ValueError(
+            "The source and target vocabularies have different special ids "
+            f"({', '.join(differ)}; source vs target); the model has one pad, bos and eos "
+            "id for both sides. Train both with the same ids (e.g. SentencePiece's "
+            "`--pad_id --unk_id --bos_id --eos_id`, as `train_sentencepiece` does)."
+        )
+
+
+def tokenize_pairs(pairs, tokenizer, chunk_size=256, target_tokenizer=None):
     """`(source_text, target_text)` -> `(source_ids, target_input_ids,
     target_output_ids)`, each int32 `(len,)`: source + eos, bos + target,
-    target + eos. Tokenizes `chunk_size` sentences per op call."""
-    bos, eos = tokenizer.bos_id, tokenizer.eos_id
+    target + eos. Tokenizes `chunk_size` sentences per op call.
+
+    The source side is tokenized with `tokenizer`, the target side with
+    `target_tokenizer` (None: `tokenizer`, one shared vocabulary); their
+    pad, bos and eos ids must agree (ValueError otherwise).
+    """
+    check_special_ids(tokenizer, target_tokenizer)
+    target_tokenizer = tokenizer if target_tokenizer is None else target_tokenizer
+    source_eos = tokenizer.eos_id
+    bos, eos = target_tokenizer.bos_id, target_tokenizer.eos_id
 
     def encode(source_text, target_text):
         source = tokenizer.tokenize(source_text)  # RaggedTensor [chunk, (len)]
-        target = tokenizer.tokenize(target_text)
+        target = target_tokenizer.tokenize(target_text)
         rows = source.nrows()
+        source_eos_col = tf.fill([rows, 1], tf.constant(source_eos, tf.int32))
         eos_col = tf.fill([rows, 1], tf.constant(eos, tf.int32))
         bos_col = tf.fill([rows, 1], tf.constant(bos, tf.int32))
         parts = (
-            tf.concat([source, eos_col], axis=1),
+            tf.concat([source, source_eos_col], axis=1),
             tf.concat([bos_col, target], axis=1),
             tf.concat([target, eos_col], axis=1),
         )
@@ -149,12 +178,16 @@ def token_batches(
     growth=1.1,
     cache_tokenized=False,
     fixed_shapes=False,
+    target_tokenizer=None,
+    skip_batches=0,
 ):
     """Token-budgeted, length-bucketed, padded batches for `model.fit`.
 
     Args:
         pairs: `tf.data.Dataset` of `(source_text, target_text)` strings.
-        tokenizer: a `SubwordTokenizer` (pad/bos/eos ids come from it).
+        tokenizer: a `SubwordTokenizer` (pad/bos/eos ids come from it); it
+            tokenizes the source side, and the target side too unless
+            `target_tokenizer` is given.
         batch_tokens: budget per batch and side, padding included: every
             batch has `batch * src_len <= batch_tokens` and
             `batch * tgt_len <= batch_tokens`.
@@ -178,11 +211,23 @@ def token_batches(
             all-padding rows, which the loss and metrics ignore. Costs the
             padding; without it a batch is padded to its own longest source
             and target, and every batch may take a new shape.
+        target_tokenizer: the target side's `SubwordTokenizer` (separate
+            vocabularies); None: `tokenizer`. Its pad, bos and eos ids must
+            equal `tokenizer`'s (ValueError otherwise).
+        skip_batches: drop the first this many batches of the stream, after
+            bucketing: a resumed run given the same pairs, seed and
+            arguments plus the number of batches already consumed continues
+            with the batches an uninterrupted run would have had next. The
+            skipped pairs are still read, tokenized and counted by
+            `length_filter`.
 
     Returns: a dataset of `((source_ids (batch, src_len), target_input_ids
     (batch, tgt_len)), target_ids (batch, tgt_len))`, int32, padded with
     `tokenizer.pad_id`.
     """
+    if isinstance(skip_batches, bool) or not isinstance(skip_batches, int) or skip_batches < 0:
+        raise ValueError(f"`skip_batches` must be an int >= 0, received {skip_batches!r}.")
+    check_special_ids(tokenizer, target_tokenizer)
     if length_filter is None:
         length_filter = LengthFilter(max_length)
     elif length_filter.max_length != max_length:
@@ -199,9 +244,11 @@ def token_batches(
         return dataset.repeat() if repeat else dataset
 
     if cache_tokenized:
-        encoded = shuffled_and_repeated(tokenize_pairs(pairs, tokenizer).cache())
+        encoded = shuffled_and_repeated(
+            tokenize_pairs(pairs, tokenizer, target_tokenizer=target_tokenizer).cache())
     else:
-        encoded = tokenize_pairs(shuffled_and_repeated(pairs), tokenizer)
+        encoded = tokenize_pairs(shuffled_and_repeated(pairs), tokenizer,
+                                 target_tokenizer=target_tokenizer)
     encoded = encoded.filter(lambda s, ti, to: length_filter(s, to))
     pad = tf.constant(tokenizer.pad_id, tf.int32)
     batches = encoded.bucket_by_sequence_length(
@@ -227,6 +274,8 @@ def token_batches(
             return tuple(tf.pad(x, [[0, missing], [0, 0]], constant_values=pad) for x in sides)
 
         batches = batches.map(fill_rows)
+    if skip_batches:
+        batches = batches.skip(skip_batches)
     return batches.map(lambda s, ti, to: ((s, ti), to)).prefetch(tf.data.AUTOTUNE)
 
 

@@ -44,28 +44,42 @@ def _open_binary(path):
     return gzip.open(path, "rb") if is_gzipped(path) else open(path, "rb")
 
 
+def checked_lines(path, expected="UTF-8 text, one sentence per line"):
+    """Yields `(line_number, line)` of a (possibly gzipped) file, 1-based,
+    each `line` the raw `bytes` (line end included), checked to decode as
+    UTF-8.
+
+    Raises `TextFileError` naming the file (and the line) when it is missing,
+    not valid gzip, or a line is not valid UTF-8; `expected` completes the
+    UTF-8 error's "Expected ..." sentence. An empty file yields nothing.
+    """
+    if not os.path.isfile(path):
+        raise TextFileError(f"{path}: no such file.")
+    try:
+        with _open_binary(path) as f:
+            for number, line in enumerate(f, start=1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise TextFileError(
+                        f"{path}, line {number}: not valid UTF-8 ({e.reason} at byte "
+                        f"{e.start}: {line[max(0, e.start - 10):e.start + 10]!r}). Expected "
+                        f"{expected}."
+                    ) from None
+                yield number, line
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError.
+        raise TextFileError(f"{path}: cannot be read as a text or gzip file ({e}).") from None
+
+
 def count_lines(path):
     """Number of lines of a (possibly gzipped) UTF-8 text file.
 
     Raises `TextFileError` naming the file (and the line, 1-based) when it is
     missing, empty, not valid gzip, or a line is not valid UTF-8.
     """
-    if not os.path.isfile(path):
-        raise TextFileError(f"{path}: no such file.")
     count = 0
-    try:
-        with _open_binary(path) as f:
-            for count, line in enumerate(f, start=1):
-                try:
-                    line.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise TextFileError(
-                        f"{path}, line {count}: not valid UTF-8 ({e.reason} at byte "
-                        f"{e.start}: {line[max(0, e.start - 10):e.start + 10]!r}). Expected "
-                        "UTF-8 text, one sentence per line."
-                    ) from None
-    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError.
-        raise TextFileError(f"{path}: cannot be read as a text or gzip file ({e}).") from None
+    for count, _ in checked_lines(path):
+        pass
     if count == 0:
         raise TextFileError(f"{path}: the file is empty; expected one sentence per line.")
     return count
@@ -85,7 +99,8 @@ def validate_parallel_files(source_path, target_path):
     return source_lines
 
 
-def _line_dataset(path):
+def line_dataset(path):
+    """`tf.data.TextLineDataset` of `path`, gunzipped when its content is gzip."""
     compression = "GZIP" if is_gzipped(path) else ""
     return tf.data.TextLineDataset(path, compression_type=compression)
 
@@ -107,7 +122,7 @@ def parallel_text_dataset(source_path, target_path, validate=True):
     # No map over the lines: `TextLineDataset` already drops every `\r`
     # (Windows line ends; tests/test_text_files.py holds it), and a map call
     # per line costs many times the reading (docs/performance.md).
-    return tf.data.Dataset.zip(_line_dataset(source_path), _line_dataset(target_path))
+    return tf.data.Dataset.zip(line_dataset(source_path), line_dataset(target_path))
 
 
 def find_split_file(directory, split, lang):

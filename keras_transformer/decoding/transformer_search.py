@@ -1,4 +1,4 @@
-"""Beam and greedy search over a `Transformer`'s incremental decoder.
+"""Beam, greedy and sampling search over a `Transformer`'s incremental decoder.
 
 The model side of decoding: encode once, build the fixed-shape cache, and
 hand the search a step function. `keras.ops` only.
@@ -9,6 +9,7 @@ from keras import ops
 from keras_transformer.decoding.beam_search import beam_search
 from keras_transformer.decoding.common import cache_phases
 from keras_transformer.decoding.greedy import greedy_search
+from keras_transformer.decoding.sampling import sampling_noise, sampling_search
 
 # The paper (section 6.1): beam 4, alpha 0.6, output length <= input + 50.
 DEFAULT_BEAM_SIZE = 4
@@ -65,6 +66,16 @@ def prepare_decoding(model, source_ids, max_decode_length):
     return initial_ids, cache, symbols_to_logits_fn
 
 
+def _lengths(model, source_ids, extra_length, source_length):
+    """`(max_decode_length, length_limit)`: the batch's longest output and,
+    given `source_length`, each sentence's own limit (else None)."""
+    max_length = model.config.max_length
+    length_limit = None
+    if source_length is not None:
+        length_limit = decoding_length(source_ids, extra_length, max_length, source_length)
+    return decoding_length(source_ids, extra_length, max_length), length_limit
+
+
 def beam_search_translate(model, source_ids, beam_size=DEFAULT_BEAM_SIZE,
                           alpha=DEFAULT_ALPHA, extra_length=DEFAULT_EXTRA_LENGTH,
                           source_length=None):
@@ -88,11 +99,7 @@ def beam_search_translate(model, source_ids, beam_size=DEFAULT_BEAM_SIZE,
     `max_decode_length` comes from the width of `source_ids`.
     """
     config = model.config
-    max_decode_length = decoding_length(source_ids, extra_length, config.max_length)
-    length_limit = None
-    if source_length is not None:
-        length_limit = decoding_length(source_ids, extra_length, config.max_length,
-                                       source_length)
+    max_decode_length, length_limit = _lengths(model, source_ids, extra_length, source_length)
     # With static shapes (XLA), the cache grows in phases (`cache_phases`).
     phases = cache_phases(max_decode_length)
     initial_ids, cache, step_fn = prepare_decoding(model, source_ids, phases[0])
@@ -111,3 +118,43 @@ def greedy_translate(model, source_ids, extra_length=DEFAULT_EXTRA_LENGTH):
     initial_ids, cache, step_fn = prepare_decoding(model, source_ids, max_decode_length)
     return greedy_search(step_fn, initial_ids, cache, max_decode_length,
                          eos_id=config.eos_id, pad_id=config.pad_id)
+
+
+def sample_translate(model, source_ids, temperature=1.0, top_k=0, top_p=1.0, seed=0,
+                     extra_length=DEFAULT_EXTRA_LENGTH, source_length=None, noise=None):
+    """Sampling search with `model` (see `sampling_search`).
+
+    Args:
+        model: a built `Transformer`.
+        source_ids: `(batch, src_len)` int, padded with `config.pad_id`
+            (ending in eos, as the model was trained).
+        temperature, top_k, top_p: Python numbers or scalar tensors (see
+            `sampling_search`); `temperature=0` is `greedy_translate`.
+        seed: an int (or `keras.random.SeedGenerator`) for
+            `sampling_noise(batch, max_decode_length, seed)`, used when
+            `noise` is None: the same int gives the same samples for the
+            same batch (a sentence's uniforms depend on its row).
+        extra_length: int or scalar tensor.
+        source_length: optional `(batch,)` (or scalar) int tensor, each
+            sentence's source length (eos included), for per-sentence
+            output limits `min(source_length + extra_length,
+            config.max_length)`, as in `beam_search_translate`. Default: the
+            width of `source_ids` for every sentence.
+        noise: optional `(batch, width)` uniforms in `[0, 1)`, `width >=
+            max_decode_length` (at most `config.max_length` is ever needed):
+            the caller's randomness, used instead of `seed`.
+
+    Returns: `(sequences (batch, max_decode_length) int32, scores (batch,)
+    float32)`, the scores the model's untempered log-probabilities of the
+    sampled tokens, summed; `max_decode_length` comes from the width of
+    `source_ids`.
+    """
+    config = model.config
+    max_decode_length, length_limit = _lengths(model, source_ids, extra_length, source_length)
+    initial_ids, cache, step_fn = prepare_decoding(model, source_ids, max_decode_length)
+    if noise is None:
+        noise = sampling_noise(ops.shape(source_ids)[0], max_decode_length, seed)
+    return sampling_search(step_fn, initial_ids, cache, max_decode_length,
+                           eos_id=config.eos_id, pad_id=config.pad_id,
+                           temperature=temperature, top_k=top_k, top_p=top_p, noise=noise,
+                           length_limit=length_limit)

@@ -2,12 +2,14 @@
 TF Serving's layout, and a REST client. TensorFlow-only package."""
 
 from keras_transformer.export.saved_model import (
+    SavedModelTranslator,
     export_translator,
     load_translator,
     open_translator,
 )
 from keras_transformer.export.translator import (
     Translator,
+    nbest_in_batches,
     translate_in_batches,
     translator_from_run_directory,
 )

@@ -6,7 +6,8 @@ Layout::
     <output_dir>/<name>/<version>/      version = 1, 2, 3, ... (next integer)
         saved_model.pb                  signatures: serving_default,
         variables/                        translate_with_options, translate_ids,
-                                          translate_xla (see `Translator`)
+                                          translate_xla, translate_nbest,
+                                          translate_sample (see `Translator`)
         assets.extra/translator.json    config, decoding defaults, input rules
 
 The version directory is written under a temporary name in `<output_dir>`
@@ -22,7 +23,13 @@ import tempfile
 
 import tensorflow as tf
 
-from keras_transformer.export.translator import metadata_json, translate_in_batches
+from keras_transformer.export.translator import (
+    metadata_json,
+    nbest_beam_size,
+    nbest_in_batches,
+    sampling_options,
+    translate_in_batches,
+)
 
 METADATA_FILE = os.path.join("assets.extra", "translator.json")
 
@@ -99,7 +106,9 @@ def resolve_version(path):
 
 class SavedModelTranslator:
     """An exported translator loaded back (needs only TensorFlow and
-    tensorflow-text), with `Translator.translate`'s interface."""
+    tensorflow-text), with `Translator`'s `translate`, `translate_nbest`
+    and `sample` (through the `translate_nbest` and `translate_sample`
+    signatures)."""
 
     def __init__(self, path):
         import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
@@ -140,6 +149,42 @@ class SavedModelTranslator:
             return serve(text=batch, **options)
 
         return translate_in_batches(run, sentences, batch_size)
+
+    def translate_nbest(self, sentences, n, beam_size=None, alpha=None, extra_length=None,
+                        batch_size=32):
+        """As `Translator.translate_nbest` (defaults: the export's): a list
+        per sentence of `n` `(str, float)` pairs, best first."""
+        m = self.metadata
+        serve = self._signature("translate_nbest")
+        beam_size = nbest_beam_size(n, beam_size, m["beam_size"])
+        options = dict(
+            n=tf.constant(n, tf.int32), beam_size=tf.constant(beam_size, tf.int32),
+            alpha=tf.constant(m["alpha"] if alpha is None else alpha, tf.float32),
+            extra_length=tf.constant(m["extra_length"] if extra_length is None
+                                     else extra_length, tf.int32))
+        return nbest_in_batches(lambda batch: serve(text=batch, **options), sentences,
+                                batch_size)
+
+    def sample(self, sentences, temperature=1.0, top_k=0, top_p=1.0, seed=0,
+               extra_length=None, batch_size=32):
+        """As `Translator.sample`: `(list of str, list of float)`, the same
+        samples for the same seed."""
+        serve = self._signature("translate_sample")
+        temperature, top_k, top_p, seed = sampling_options(temperature, top_k, top_p, seed)
+        extra_length = tf.constant(self.metadata["extra_length"] if extra_length is None
+                                   else extra_length, tf.int32)
+        return translate_in_batches(
+            lambda batch: serve(text=batch, temperature=temperature, top_k=top_k,
+                                top_p=top_p, seed=seed, extra_length=extra_length),
+            sentences, batch_size)
+
+    def _signature(self, name):
+        """The loaded signature `name`; a clear error for an export that
+        predates it."""
+        if name not in self.loaded.signatures:
+            raise ValueError(f"{self.path} has no {name} signature (exported before it "
+                             "existed): export it again.")
+        return self.loaded.signatures[name]
 
 
 def load_translator(path):

@@ -1,8 +1,9 @@
-"""Tokenizer + model + beam search in one `tf.Module`: strings in, strings out.
+"""Tokenizers + model + search in one `tf.Module`: strings in, strings out.
 TensorFlow-only module.
 
-The same object translates in-process (`Translator.translate`) and is what
-`export_translator` writes as a SavedModel for TF Serving. Its serving
+The same object translates in-process (`Translator.translate`,
+`translate_nbest`, `sample`) and is what `export_translator` writes as a
+SavedModel for TF Serving. Its serving
 functions use only core TensorFlow and tensorflow-text ops (no
 `py_function`, no XLA-only ops), so a stock `tensorflow/serving` binary runs
 them. One more, `translate_xla`, runs the same search compiled by XLA on
@@ -21,8 +22,16 @@ fails the batch):
   config.max_length)` tokens, eos included (paper: extra 50), counted per
   sentence, so a translation does not depend on the rest of its batch; a
   hypothesis that reaches the limit is cut there.
-- Scores are `log P / ((5 + length) / 6) ** alpha` of the best hypothesis
-  (always finite, <= 0).
+- Beam search scores are `log P / ((5 + length) / 6) ** alpha` of the
+  hypothesis (always finite, <= 0); a sample's score is the model's
+  (untempered) `log P` of the sampled tokens.
+- n-best lists have n entries for every sentence (an empty one: n empty
+  translations, score 0.0); different token sequences may detokenize to the
+  same text.
+- A sample depends only on the seed and the sentence's text (after the
+  U+FFFD replacement), not on the batch or the sentence's place in it: the
+  same sentence twice in one request gets the same sample; another seed
+  gives another.
 """
 
 import json
@@ -34,7 +43,9 @@ from keras_transformer.decoding import (
     DEFAULT_BEAM_SIZE,
     DEFAULT_EXTRA_LENGTH,
     beam_search_translate,
+    sample_translate,
 )
+from keras_transformer.decoding.sampling import check_sampling_options
 
 REPLACEMENT_CHARACTER = 0xFFFD
 
@@ -43,6 +54,11 @@ IDS_SPEC = tf.TensorSpec([None, None], tf.int32, name="source_ids")
 BEAM_SIZE_SPEC = tf.TensorSpec([], tf.int32, name="beam_size")
 ALPHA_SPEC = tf.TensorSpec([], tf.float32, name="alpha")
 EXTRA_LENGTH_SPEC = tf.TensorSpec([], tf.int32, name="extra_length")
+N_SPEC = tf.TensorSpec([], tf.int32, name="n")
+TEMPERATURE_SPEC = tf.TensorSpec([], tf.float32, name="temperature")
+TOP_K_SPEC = tf.TensorSpec([], tf.int32, name="top_k")
+TOP_P_SPEC = tf.TensorSpec([], tf.float32, name="top_p")
+SEED_SPEC = tf.TensorSpec([], tf.int64, name="seed")
 
 # XLA search: source lengths are padded up to a multiple of this, so a
 # server compiles a handful of shapes (each on its first request of that
@@ -71,13 +87,20 @@ def sanitize_utf8(text):
 
 
 class Translator(tf.Module):
-    """A `Transformer` with its `SubwordTokenizer` and beam search.
+    """A `Transformer` with its `SubwordTokenizer`s, beam search and
+    sampling.
 
     Args:
         model: a built `Transformer` (inference only; dropout is off).
-        tokenizer: the `SubwordTokenizer` the model was trained with.
+        tokenizer: the `SubwordTokenizer` of the source language (of both
+            with a shared vocabulary), as the model was trained.
         beam_size, alpha, extra_length: defaults of `serving_default`
-            (paper: 4, 0.6, 50), fixed at export.
+            (paper: 4, 0.6, 50), fixed at export; `extra_length` is also
+            the default of `translate_nbest` and `translate_sample`.
+        target_tokenizer: the target language's `SubwordTokenizer`, which
+            detokenizes the output; None: `tokenizer` (shared vocabulary).
+            Both are tracked (`tokenizer`, `target_pieces`), so a SavedModel
+            carries both vocabularies in its graph.
 
     Serving functions (`tf.function`s with input signatures, exported as
     signatures by `export_translator`):
@@ -95,17 +118,39 @@ class Translator(tf.Module):
       its sentences and the source to a multiple of `SOURCE_LENGTH_BUCKET`
       tokens, so XLA compiles once per (rows, length) bucket, on the first
       request of that shape (seconds), and reuses it after.
+    - `serve_nbest(text, n int32, beam_size int32, alpha float32,
+      extra_length int32) -> {"translations": [batch, n] string, "scores":
+      [batch, n] float32}`: the n best hypotheses of the beam search, best
+      first; needs `1 <= n <= beam_size`.
+    - `serve_sample(text, temperature float32, top_k int32, top_p float32,
+      seed int64, extra_length int32) -> {"translation", "score"}`: one
+      sample per sentence (`sample_translate`; temperature 0: greedy). Its
+      uniforms are `tf.random.stateless_uniform([config.max_length],
+      seed=[seed, hash])` per sentence, `hash` the sentence's
+      `tf.strings.to_hash_bucket_fast(text, 2**62)`: no random state, so
+      the same request gives the same samples, concurrently or not.
+
+    Options outside their ranges (`beam_size` < 1 or above half the target
+    vocabulary, `n` outside `[1, beam_size]`, `temperature` < 0, `top_k` <
+    0, `top_p` outside `(0, 1]`) fail the whole request with
+    `InvalidArgumentError`.
     """
 
     def __init__(self, model, tokenizer, beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA,
-                 extra_length=DEFAULT_EXTRA_LENGTH, name="translator"):
+                 extra_length=DEFAULT_EXTRA_LENGTH, target_tokenizer=None,
+                 name="translator"):
         super().__init__(name=name)
         config = model.config
-        _check_matches(config, tokenizer)
+        target_tokenizer = tokenizer if target_tokenizer is None else target_tokenizer
+        _check_matches(config, tokenizer, target_tokenizer)
         _check_search_options(beam_size, extra_length, config.output_vocab_size)
         self._model = _Unchecked(model)
         self.config = config
         self.tokenizer = tokenizer
+        self._target_tokenizer = _Unchecked(target_tokenizer)
+        # What detokenizes the output (tracked): the tokenizer itself when
+        # shared, else the target vocabulary under a resource name of its own.
+        self.target_pieces = target_tokenizer
         unique = {}
         for weight in model.weights:
             value = getattr(weight, "value", weight)
@@ -122,6 +167,11 @@ class Translator(tf.Module):
     def model(self):
         return self._model.value
 
+    @property
+    def target_tokenizer(self):
+        """The target `SubwordTokenizer` (`tokenizer` when shared)."""
+        return self._target_tokenizer.value
+
     def metadata(self):
         """What a server or client needs to know, as a JSON-able dict."""
         return {
@@ -130,6 +180,9 @@ class Translator(tf.Module):
             "alpha": self.alpha,
             "extra_length": self.extra_length,
             "max_source_tokens": self.max_source_tokens,
+            "shared_vocabulary": self.target_tokenizer is self.tokenizer,
+            "source_vocab_size": self.tokenizer.vocab_size,
+            "target_vocab_size": self.target_tokenizer.vocab_size,
             "truncation": (
                 f"sources longer than {self.max_source_tokens} subword tokens keep "
                 "their first tokens, then eos"
@@ -144,6 +197,15 @@ class Translator(tf.Module):
                 "translate_xla": "as serving_default, search compiled by XLA (TF Serving: "
                                  "--xla_cpu_compilation_enabled=true; first request of "
                                  "each shape bucket compiles)",
+                "translate_nbest": "text [batch] string, n int32, beam_size int32, alpha "
+                                   "float32, extra_length int32 (1 <= n <= beam_size) -> "
+                                   "translations [batch, n] string, scores [batch, n] "
+                                   "float32, best first",
+                "translate_sample": "text [batch] string, temperature float32 (0: greedy), "
+                                    "top_k int32 (0: off), top_p float32 (1: off), seed "
+                                    "int64, extra_length int32 -> translation [batch] "
+                                    "string, score [batch] float32 (untempered log P); "
+                                    "same seed and text, same sample",
             },
         }
 
@@ -172,25 +234,39 @@ class Translator(tf.Module):
 
     def _best(self, sequences, scores, is_empty):
         """The best beam of each sentence, eos and what follows it padded."""
+        return self._cleaned(sequences[:, 0], scores[:, 0], is_empty)
+
+    def _cleaned(self, sequences, scores, is_empty):
+        """Hypotheses `[batch, ..., len]` and scores `[batch, ...]`: eos and
+        what follows it padded; empty sentences' hypotheses all pad, score
+        0."""
         config = self.config
-        best = sequences[:, 0]
-        after_end = tf.cumsum(tf.cast(tf.equal(best, config.eos_id), tf.int32), axis=1) > 0
-        best = tf.where(after_end | is_empty[:, None], config.pad_id, best)
-        score = tf.where(is_empty, 0.0, scores[:, 0])
-        return best, score
+        empty = tf.reshape(is_empty, [-1] + [1] * (scores.shape.rank - 1))
+        after_end = tf.cumsum(tf.cast(tf.equal(sequences, config.eos_id), tf.int32),
+                              axis=-1) > 0
+        sequences = tf.where(after_end | empty[..., None], config.pad_id, sequences)
+        return sequences, tf.where(empty, 0.0, scores)
+
+    def _tokens(self, text):
+        """`text` `[batch]` string -> `(text, tokens)`: the text as
+        tokenized (invalid UTF-8 replaced, blank ones empty) and its source
+        tokens (RaggedTensor)."""
+        text = sanitize_utf8(text)
+        blank = tf.equal(tf.strings.length(tf.strings.strip(text)), 0)
+        text = tf.where(blank, "", text)
+        return text, self.tokenizer.tokenize(text)
+
+    def _detokenize(self, ids):
+        """Target ids `[batch, len]` -> valid UTF-8 strings `[batch]`."""
+        return sanitize_utf8(self.target_pieces.detokenize(ids))
 
     def _translate_text(self, text, translate_tokens):
         """Strings in, strings out around `translate_tokens`: RaggedTensor of
         source tokens -> `(ids, scores)` (`_translate_tokens` in the graph,
         `_translate_tokens_static` under XLA)."""
-        text = sanitize_utf8(text)
-        blank = tf.equal(tf.strings.length(tf.strings.strip(text)), 0)
-        tokens = self.tokenizer.tokenize(tf.where(blank, "", text))
+        _, tokens = self._tokens(text)
         ids, score = translate_tokens(tokens)
-        return {
-            "translation": sanitize_utf8(self.tokenizer.detokenize(ids)),
-            "score": score,
-        }
+        return {"translation": self._detokenize(ids), "score": score}
 
     @tf.function(input_signature=[TEXT_SPEC], autograph=False)
     def serve(self, text):
@@ -218,6 +294,58 @@ class Translator(tf.Module):
         return self._translate_text(
             text, lambda tokens: self._translate_tokens_static(tokens, search))
 
+    @tf.function(input_signature=[TEXT_SPEC, N_SPEC, BEAM_SIZE_SPEC, ALPHA_SPEC,
+                                  EXTRA_LENGTH_SPEC], autograph=False)
+    def serve_nbest(self, text, n, beam_size, alpha, extra_length):
+        beam_size = _checked_beam_size(beam_size, self.config.output_vocab_size)
+        check = tf.debugging.assert_equal((n >= 1) & (n <= beam_size), True,
+                                          message="n must be between 1 and beam_size")
+        with tf.control_dependencies([check]):
+            n = tf.identity(n)
+        _, tokens = self._tokens(text)
+        source_ids, lengths, is_empty = self._source_ids(tokens)
+        sequences, scores = beam_search_translate(
+            self.model, source_ids, beam_size, alpha, tf.maximum(extra_length, 0),
+            source_length=lengths)
+        sequences, scores = self._cleaned(sequences[:, :n], scores[:, :n], is_empty)
+        shape = tf.shape(sequences)
+        texts = self._detokenize(tf.reshape(sequences, [-1, shape[2]]))
+        return {"translations": tf.reshape(texts, shape[:2]), "scores": scores}
+
+    @tf.function(input_signature=[TEXT_SPEC, TEMPERATURE_SPEC, TOP_K_SPEC, TOP_P_SPEC,
+                                  SEED_SPEC, EXTRA_LENGTH_SPEC], autograph=False)
+    def serve_sample(self, text, temperature, top_k, top_p, seed, extra_length):
+        checks = [
+            tf.debugging.assert_equal(temperature >= 0.0, True,
+                                      message="temperature must be >= 0"),
+            tf.debugging.assert_equal(top_k >= 0, True, message="top_k must be >= 0"),
+            tf.debugging.assert_equal((top_p > 0.0) & (top_p <= 1.0), True,
+                                      message="top_p must be in (0, 1]"),
+        ]
+        with tf.control_dependencies(checks):
+            temperature = tf.identity(temperature)
+        text, tokens = self._tokens(text)
+        source_ids, lengths, is_empty = self._source_ids(tokens)
+        sequences, scores = sample_translate(
+            self.model, source_ids, temperature, top_k, top_p,
+            extra_length=tf.maximum(extra_length, 0), source_length=lengths,
+            noise=self._sentence_noise(text, seed))
+        ids, score = self._cleaned(sequences, scores, is_empty)
+        return {"translation": self._detokenize(ids), "score": score}
+
+    def _sentence_noise(self, text, seed):
+        """Uniforms `[batch, config.max_length]` float32 for sampling, row
+        `b` from `stateless_uniform(seed=[seed, hash(text[b])])`: a
+        sentence's sample depends on the seed and its text only. Width
+        `config.max_length`, which bounds every search, so the width of a
+        batch does not change a sentence's uniforms."""
+        width = self.config.max_length
+        keys = tf.strings.to_hash_bucket_fast(text, 2**62)
+        seeds = tf.stack([tf.fill(tf.shape(keys), tf.cast(seed, tf.int64)), keys], axis=1)
+        return tf.map_fn(
+            lambda key: tf.random.stateless_uniform([width], seed=key, dtype=tf.float32),
+            seeds, fn_output_signature=tf.TensorSpec([width], tf.float32))
+
     def signatures(self):
         """The SavedModel signatures: name -> `tf.function` (each has its
         input signature). Functions, not concrete functions: `tf.saved_model.save`
@@ -229,6 +357,8 @@ class Translator(tf.Module):
             "translate_with_options": self.serve_with_options,
             "translate_ids": self.serve_ids,
             "translate_xla": self.serve_xla,
+            "translate_nbest": self.serve_nbest,
+            "translate_sample": self.serve_sample,
         }
 
     # In-process use --------------------------------------------------------
@@ -273,6 +403,61 @@ class Translator(tf.Module):
             def run(batch):
                 return self.serve_with_options(batch, *options)
         return translate_in_batches(run, sentences, batch_size)
+
+    def translate_nbest(self, sentences, n, beam_size=None, alpha=None, extra_length=None,
+                        batch_size=32):
+        """The `n` best translations of each sentence (beam search, graph
+        mode), with `translate`'s input rules.
+
+        Args:
+            sentences: list of `str` (or bytes).
+            n: int >= 1, at most the beam size.
+            beam_size: None: `max(n, the default beam size)`.
+            alpha, extra_length: None for the defaults.
+            batch_size: sentences per call.
+
+        Returns: a list, per sentence, of `n` `(translation str, score
+        float)` pairs, best first (an empty sentence: `n` times `("",
+        0.0)`). The first is `translate`'s with the same options.
+
+        Raises: `ValueError` if `n` exceeds `beam_size` or an option is
+        out of range.
+        """
+        beam_size = nbest_beam_size(n, beam_size, self.beam_size)
+        alpha = self.alpha if alpha is None else float(alpha)
+        extra_length = self.extra_length if extra_length is None else extra_length
+        _check_search_options(beam_size, extra_length, self.config.output_vocab_size)
+        options = (tf.constant(n, tf.int32), tf.constant(beam_size, tf.int32),
+                   tf.constant(alpha, tf.float32), tf.constant(extra_length, tf.int32))
+        return nbest_in_batches(lambda batch: self.serve_nbest(batch, *options),
+                                sentences, batch_size)
+
+    def sample(self, sentences, temperature=1.0, top_k=0, top_p=1.0, seed=0,
+               extra_length=None, batch_size=32):
+        """One sampled translation per sentence (see `serve_sample`), with
+        `translate`'s input rules.
+
+        Args:
+            sentences: list of `str` (or bytes).
+            temperature: float >= 0; 0 is greedy search.
+            top_k: int >= 0; 0: no top-k cut.
+            top_p: float in `(0, 1]`; 1.0: no nucleus cut.
+            seed: int (int64): with the same seed a sentence gets the same
+                sample, whatever its batch.
+            extra_length: None for the default.
+            batch_size: sentences per call.
+
+        Returns: `(translations: list of str, scores: list of float)`, the
+        scores the model's untempered log-probabilities of the sampled
+        tokens.
+        """
+        extra_length = self.extra_length if extra_length is None else extra_length
+        _check_search_options(1, extra_length, self.config.output_vocab_size)
+        options = sampling_options(temperature, top_k, top_p, seed)
+        return translate_in_batches(
+            lambda batch: self.serve_sample(batch, *options,
+                                            tf.constant(extra_length, tf.int32)),
+            sentences, batch_size)
 
     def _xla_search(self, beam_size, alpha, extra_length):
         """An XLA-compiled `(source_ids, lengths) -> (sequences, scores)`,
@@ -330,18 +515,59 @@ def translate_in_batches(run, sentences, batch_size=32):
     """Calls `run(tf.constant(batch of strings)) -> {"translation", "score"}`
     on length-sorted batches and returns `(translations, scores)` in the
     input order, as `str` and `float`."""
+    results = _in_batches(run, sentences, batch_size, lambda out: zip(
+        (t.decode("utf-8") for t in out["translation"].numpy()),
+        (float(s) for s in out["score"].numpy())))
+    return [t for t, _ in results], [s for _, s in results]
+
+
+def nbest_in_batches(run, sentences, batch_size=32):
+    """Calls `run(tf.constant(batch of strings)) -> {"translations" [batch,
+    n], "scores" [batch, n]}` on length-sorted batches and returns, in the
+    input order, a list per sentence of `(str, float)` pairs."""
+    return _in_batches(run, sentences, batch_size, lambda out: (
+        [(t.decode("utf-8"), float(s)) for t, s in zip(texts, scores)]
+        for texts, scores in zip(out["translations"].numpy(), out["scores"].numpy())))
+
+
+def _in_batches(run, sentences, batch_size, unpack):
+    """`unpack(run(batch))` (one item per sentence of the batch) over
+    length-sorted batches, as a list in the input order."""
     if batch_size < 1:
         raise ValueError(f"`batch_size` must be >= 1, received {batch_size}.")
     sentences = [s.encode("utf-8") if isinstance(s, str) else bytes(s) for s in sentences]
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
-    translations, scores = [None] * len(sentences), [None] * len(sentences)
+    results = [None] * len(sentences)
     for start in range(0, len(order), batch_size):
         indices = order[start:start + batch_size]
         out = run(tf.constant([sentences[i] for i in indices], tf.string))
-        for i, text, score in zip(indices, out["translation"].numpy(), out["score"].numpy()):
-            translations[i] = text.decode("utf-8")
-            scores[i] = float(score)
-    return translations, scores
+        for i, item in zip(indices, unpack(out)):
+            results[i] = item
+    return results
+
+
+def nbest_beam_size(n, beam_size, default_beam_size):
+    """The beam size of an n-best search: `beam_size`, or with None
+    `max(n, default_beam_size)`. `ValueError` unless `1 <= n <= beam
+    size`."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"`n` must be an int >= 1, received {n!r}.")
+    beam_size = max(n, default_beam_size) if beam_size is None else beam_size
+    if not isinstance(beam_size, int) or beam_size < n:
+        raise ValueError(
+            f"`n` ({n}) must be at most `beam_size` ({beam_size!r}): the n best come "
+            "from the beam.")
+    return beam_size
+
+
+def sampling_options(temperature, top_k, top_p, seed):
+    """The sampling options as the tensors `serve_sample` takes, after the
+    Python-side checks (`ValueError` naming the option)."""
+    check_sampling_options(temperature, top_k, top_p)
+    if not isinstance(seed, int) or isinstance(seed, bool) or not -2**63 <= seed < 2**63:
+        raise ValueError(f"`seed` must be an int64, received {seed!r}.")
+    return (tf.constant(temperature, tf.float32), tf.constant(top_k, tf.int32),
+            tf.constant(top_p, tf.float32), tf.constant(seed, tf.int64))
 
 
 def _check_search_options(beam_size, extra_length, vocab_size):
@@ -367,18 +593,26 @@ def _checked_beam_size(beam_size, vocab_size):
         return tf.identity(beam_size)
 
 
-def _check_matches(config, tokenizer):
-    for name in ("pad_id", "bos_id", "eos_id"):
-        if getattr(config, name) != getattr(tokenizer, name):
+def _check_matches(config, tokenizer, target_tokenizer=None):
+    """`ValueError` unless the source `tokenizer` fits the model's input
+    vocabulary (`config.vocab_size`) and `target_tokenizer` (default:
+    `tokenizer`) its output vocabulary (`config.output_vocab_size`), both
+    with the model's pad, bos and eos ids."""
+    target_tokenizer = tokenizer if target_tokenizer is None else target_tokenizer
+    checks = [("source", tokenizer, config.vocab_size),
+              ("target", target_tokenizer, config.output_vocab_size)]
+    for side, tok, size in checks:
+        for name in ("pad_id", "bos_id", "eos_id"):
+            if getattr(config, name) != getattr(tok, name):
+                raise ValueError(
+                    f"The model's {name} ({getattr(config, name)}) differs from the "
+                    f"{side} tokenizer's ({getattr(tok, name)}): not the model's tokenizer."
+                )
+        if tok.vocab_size > size:
             raise ValueError(
-                f"The model's {name} ({getattr(config, name)}) differs from the "
-                f"tokenizer's ({getattr(tokenizer, name)}): not the model's tokenizer."
+                f"The {side} tokenizer has {tok.vocab_size} pieces but the model's "
+                f"{side} vocabulary only {size}: not the model's tokenizer."
             )
-    if tokenizer.vocab_size > config.vocab_size:
-        raise ValueError(
-            f"The tokenizer has {tokenizer.vocab_size} pieces but the model's "
-            f"vocabulary only {config.vocab_size}: not the model's tokenizer."
-        )
 
 
 def metadata_json(translator):
@@ -386,12 +620,14 @@ def metadata_json(translator):
 
 
 def translator_from_run_directory(run_dir, checkpoint=None, **kwargs):
-    """A `Translator` for a run directory's model (its averaged checkpoint if
-    any, else the latest, or `checkpoint`) and tokenizer. `kwargs`: the
-    `Translator` decoding defaults."""
+    """A `Translator` for a run directory's model and its source and target
+    tokenizers (`RunDirectory.load_tokenizers`). `checkpoint` goes to
+    `RunDirectory.load_model` unchanged (a selector or a prefix; None: its
+    default). `kwargs`: the `Translator` decoding defaults."""
     from keras_transformer.run_directory import RunDirectory
 
     run = run_dir if isinstance(run_dir, RunDirectory) else RunDirectory(run_dir)
     config = run.load_config().replace(dropout=0.0)
     model = run.load_model(checkpoint=checkpoint, config=config)
-    return Translator(model, run.load_tokenizer(), **kwargs)
+    source, target = run.load_tokenizers()  # the same object twice when shared
+    return Translator(model, source, target_tokenizer=target, **kwargs)

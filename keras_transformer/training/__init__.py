@@ -2,8 +2,10 @@
 
 - `strategy`: choosing the `tf.distribute` strategy and the mixed-precision policy;
 - `checkpoints`: step checkpoints that resume exactly, and checkpoint averaging;
-- `callbacks`: stopping at a step, TensorBoard scalars, throughput, the
-  evaluation hook (`TranslationEvaluation(translate_fn, ...)`).
+- `callbacks`: stopping at a step or after a time, TensorBoard scalars,
+  throughput;
+- `selection`: validation BLEU (`ValidationBleu`), the best K validated
+  checkpoints in `best/` and early stopping (`BestCheckpoints`).
 
 The `kt-train` command over them is `keras_transformer/cli/train.py`.
 """

@@ -1,5 +1,6 @@
-"""Training callbacks: stop at a step, TensorBoard scalars and throughput,
-the evaluation hook, and a per-update learning-rate schedule wrapper."""
+"""Training callbacks: stop at a step or after a time, TensorBoard scalars
+and throughput, and a per-update learning-rate schedule wrapper (validation
+BLEU and checkpoint selection: `training/selection.py`)."""
 
 import time
 
@@ -161,58 +162,3 @@ class TrainingLogger(keras.callbacks.Callback):
             total = counts["kept"] + counts["dropped"]
             print(f"\nStep {step}: dropped {counts['dropped']} of {total} training pairs read "
                   "so far for exceeding --max-length.", flush=True)
-
-
-class TranslationEvaluation(keras.callbacks.Callback):
-    """Translates held-out sentences every `every_steps` updates and logs
-    corpus BLEU (sacrebleu) to TensorBoard.
-
-    The decoder is not part of training: pass any `translate_fn(list of
-    source str) -> list of hypothesis str` (e.g. beam search over the model
-    being trained).
-
-    Args:
-        translate_fn: the decoder.
-        sources, references: lists of `str`, aligned.
-        every_steps: interval in optimizer updates.
-        log_dir: TensorBoard directory, or None.
-    """
-
-    def __init__(self, translate_fn, sources, references, every_steps, log_dir=None):
-        super().__init__()
-        if len(sources) != len(references):
-            raise ValueError(
-                f"{len(sources)} sources but {len(references)} references; they must align."
-            )
-        self.translate_fn = translate_fn
-        self.sources = list(sources)
-        self.references = list(references)
-        self.every_steps = every_steps
-        self.writer = tf.summary.create_file_writer(log_dir) if log_dir else None
-        self.last_step = None
-        self.history = []
-
-    def evaluate(self):
-        import sacrebleu
-
-        hypotheses = list(self.translate_fn(self.sources))
-        if len(hypotheses) != len(self.sources):
-            raise ValueError(
-                f"`translate_fn` returned {len(hypotheses)} translations for "
-                f"{len(self.sources)} sources."
-            )
-        return sacrebleu.corpus_bleu(hypotheses, [self.references]).score
-
-    def on_train_batch_end(self, batch, logs=None):
-        step = optimizer_step(self.model.optimizer)
-        if self.last_step is None:
-            self.last_step = step
-        if step - self.last_step >= self.every_steps:
-            self.last_step = step
-            bleu = self.evaluate()
-            self.history.append((step, bleu))
-            print(f"\nStep {step}: BLEU {bleu:.2f}", flush=True)
-            if self.writer is not None:
-                with self.writer.as_default(step=step):
-                    tf.summary.scalar("validation/bleu", bleu)
-                self.writer.flush()

@@ -1,4 +1,6 @@
-"""Step checkpoints that resume exactly, and checkpoint averaging.
+"""Step checkpoints that resume exactly, and checkpoint averaging (of the
+last K training checkpoints or of the best K validated ones, see
+`selection.py`).
 
 A checkpoint is `tf.train.Checkpoint(model=..., optimizer=...)`: the model's
 weights, the optimizer's slots and its iteration counter, so a restored run
@@ -10,7 +12,6 @@ import os
 import shutil
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from keras_transformer.run_directory import RunDirectory
@@ -114,60 +115,38 @@ class StepCheckpoint(keras.callbacks.Callback):
         self._save()
 
 
-def average_checkpoints(run_dir, num_checkpoints, checkpoints=None, allow_fewer=False):
-    """Averages the weights of the last `num_checkpoints` checkpoints of a
-    run (paper 6.1: the last 5 for base, 20 for big) and writes the result to
-    `run_dir/averaged/ckpt-<last step>` (model only, no optimizer).
+def average_checkpoints(run_dir, num_checkpoints, checkpoints=None, allow_fewer=False,
+                        source="last"):
+    """Averages the weights of `num_checkpoints` checkpoints of a run (paper
+    6.1: the last 5 for base, 20 for big) and writes the result to
+    `run_dir/averaged/ckpt-<newest averaged step>` (model only, no
+    optimizer), then `averaged/sources.json`.
 
     Args:
         run_dir: a run directory (path or `RunDirectory`).
-        num_checkpoints: how many of the newest checkpoints to average.
-        checkpoints: explicit checkpoint prefixes instead (newest last).
+        num_checkpoints: how many checkpoints to average.
+        checkpoints: explicit checkpoint prefixes instead (newest last;
+            relative ones are under `checkpoints/`).
         allow_fewer: when the run keeps fewer than `num_checkpoints`, average
             all it keeps instead of raising (a wall-time budget on a slow
             machine may save fewer than planned).
+        source: "last" (the newest training checkpoints) or "best" (the best
+            by the validation metric, from `best/`, averaged oldest first).
+
+    `sources.json` holds `output` (the averaged checkpoint's name), `chosen`
+    ("last", "best" or "explicit"), `num`, `sources` (`prefix` relative to the
+    run directory when inside it, `step`; for "best" also `value` and `rank`),
+    `metric` (for "best") and `newest_training_step` (the newest training
+    checkpoint when averaging, None without one): `RunDirectory` compares it
+    with later training checkpoints to tell a stale average. The old
+    `sources.json` is removed before the new checkpoint is written, so a crash
+    in between leaves an average with no record (treated as unknown), never a
+    wrong record.
 
     Returns: `(output prefix, averaged prefixes)`. Floating-point weights are
     averaged in float64 and cast back; integer variables (e.g. dropout seed
-    state) are taken from the newest checkpoint.
+    state) are taken from the last prefix.
     """
-    from keras_transformer.transformer import Transformer
-
     run = run_dir if isinstance(run_dir, RunDirectory) else RunDirectory(run_dir)
-    if checkpoints is None:
-        state = tf.train.get_checkpoint_state(run.checkpoint_dir)
-        available = list(state.all_model_checkpoint_paths) if state else []
-        if not available:
-            raise FileNotFoundError(f"No checkpoints in {run.checkpoint_dir} to average.")
-        if num_checkpoints < 1:
-            raise ValueError(f"`num_checkpoints` must be >= 1, received {num_checkpoints}.")
-        if num_checkpoints > len(available) and not allow_fewer:
-            raise ValueError(
-                f"Asked to average {num_checkpoints} checkpoints but {run.checkpoint_dir} "
-                f"keeps only {len(available)}: {[os.path.basename(p) for p in available]}. "
-                "Train with a larger --keep-checkpoints or average fewer."
-            )
-        checkpoints = available[-num_checkpoints:]  # all of them when fewer are kept
-    checkpoints = [p if os.path.isabs(p) else os.path.join(run.checkpoint_dir, p)
-                   for p in checkpoints]
-    model = Transformer(run.load_config())
-    model.build()
-    holder = tf.train.Checkpoint(model=model)
-    sums = None
-    for prefix in checkpoints:
-        holder.restore(prefix).expect_partial().assert_existing_objects_matched()
-        values = [np.asarray(keras.ops.convert_to_numpy(v)) for v in model.weights]
-        if sums is None:
-            sums = [v.astype(np.float64) if np.issubdtype(v.dtype, np.floating) else v
-                    for v in values]
-        else:
-            sums = [s + v if np.issubdtype(v.dtype, np.floating) else v
-                    for s, v in zip(sums, values)]
-    for variable, total in zip(model.weights, sums):
-        if np.issubdtype(total.dtype, np.floating):
-            total = total / len(checkpoints)
-        variable.assign(total.astype(variable.dtype))
-    step = int(os.path.basename(checkpoints[-1]).rsplit("-", 1)[-1])
-    manager = tf.train.CheckpointManager(holder, run.averaged_dir, max_to_keep=1,
-                                         checkpoint_name="ckpt")
-    return manager.save(checkpoint_number=step), checkpoints
+    return run.average_checkpoints(num_checkpoints, checkpoints, allow_fewer=allow_fewer,
+                                   source=source)

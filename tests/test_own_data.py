@@ -1,0 +1,198 @@
+"""docs/own-data.md, "Train on your own data", executed: its bash blocks run
+in order as one script, on a slice of Multi30k (the built-in corpus where
+Multi30k is absent), with the sizes and update counts scaled down by the
+replacements below. Each replacement must match the page, so a change to a
+documented command fails here until the test follows it."""
+
+import gzip
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from support.processes import ENV, ROOT
+
+DOC = os.path.join(ROOT, "docs", "own-data.md")
+MULTI30K = os.path.join(ROOT, "..", "shared", "data", "multi30k")
+
+# (as documented, as run here): a tiny model, few updates, small files.
+SCALE = [
+    ("DATA=../shared/data/multi30k", "DATA={data}"),
+    ("vocab_size=8000", "vocab_size=500"),
+    ("preset: small", "preset: tiny"),
+    ("train_steps: 20000", "train_steps: 40"),
+    ("warmup_steps: 500", "warmup_steps: 20"),
+    ("--validate-every 500", "--validate-every 10"),
+    ("--bleu-sentences 500", "--bleu-sentences 16"),
+    ("--checkpoint-every 500", "--checkpoint-every 10"),
+    ("--early-stopping-patience 4", "--early-stopping-patience 2"),
+    ("--n-best 3", "--n-best 3 --output mine/nbest.txt"),
+    ("--seed 7", "--seed 7 --output mine/sample.txt"),
+    ("head -n 5000", "head -n 200"),
+    ("--train-steps 500", "--train-steps 6"),
+    ("--warmup-steps 100", "--warmup-steps 4"),
+    ("--validate-every 100", "--validate-every 3"),
+    ("--checkpoint-every 100", "--checkpoint-every 3"),
+]
+
+SIZES = {"train": 3000, "val": 60, "test_2016_flickr": 40}
+
+
+def write_data(directory):
+    """Gzipped `<split>.{en,de}` slices of Multi30k, or of the built-in
+    corpus (its target side standing in for German)."""
+    os.makedirs(directory)
+    if os.path.isdir(MULTI30K):
+        for split, size in SIZES.items():
+            for lang in ("en", "de"):
+                with gzip.open(os.path.join(MULTI30K, f"{split}.{lang}.gz"), "rt") as f:
+                    lines = [next(f) for _ in range(size)]
+                with gzip.open(os.path.join(directory, f"{split}.{lang}.gz"), "wt") as f:
+                    f.writelines(lines)
+        return "multi30k"
+    from keras_transformer.data.synthetic import builtin_source
+
+    for split, size in SIZES.items():
+        named = {"train": "train", "val": "validation", "test_2016_flickr": "test"}[split]
+        pairs = list(builtin_source("", named, "en", "synth").take(size).as_numpy_iterator())
+        for lang, side in (("en", 0), ("de", 1)):
+            with gzip.open(os.path.join(directory, f"{split}.{lang}.gz"), "wb") as f:
+                f.writelines(p[side] + b"\n" for p in pairs)
+    return "builtin"
+
+
+def documented_script():
+    text = open(DOC, encoding="utf-8").read()
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    assert len(blocks) >= 6, "the walk-through's bash blocks are gone"
+    return "\n".join(blocks)
+
+
+def test_every_scaling_replacement_matches_the_page():
+    script = documented_script()
+    missing = [old for old, _ in SCALE if old not in script]
+    assert missing == [], f"docs/own-data.md no longer has {missing}: update SCALE"
+
+
+def test_the_walk_through_runs_as_documented(tmp_path):
+    corpus = write_data(str(tmp_path / "data"))
+    script = documented_script()
+    for old, new in SCALE:
+        script = script.replace(old, new.format(data=tmp_path / "data"))
+    env = dict(ENV, PATH=os.path.dirname(sys.executable) + os.pathsep + ENV.get("PATH", ""))
+    run = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=900)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, f"({corpus})\n" + out[-6000:]
+
+    # 4: validation, the best kept apart, the checkpoint to ship, test BLEU.
+    assert os.path.isfile(tmp_path / "runs/mine/best/index.json")
+    assert "Training data: 3000 pairs from mine/train.tsv" in out
+    assert re.search(r"The checkpoint to ship: best/ckpt-\d+: ", out), out[-4000:]
+    assert re.search(r"Test BLEU \d+\.\d\d with ckpt-\d+ \(40 pairs from mine/test.tsv\)", out)
+    config = open(tmp_path / "runs/mine/config.json").read()
+    assert '"norm_first": true' in config and '"d_model": 64' in config
+    # The vocabulary trained elsewhere has no pad piece: one id is added.
+    import sentencepiece
+
+    pieces = sentencepiece.SentencePieceProcessor(
+        model_file=str(tmp_path / "mine/spm.model")).get_piece_size()
+    assert f'"vocab_size": {pieces + 1}' in config and f'"pad_id": {pieces}' in config
+    # 5: the export names the checkpoint it took and why.
+    assert re.search(r"Exporting best/ckpt-\d+: ", out), out[-4000:]
+    assert os.path.isfile(tmp_path / "mine/saved_models/mine/1/saved_model.pb")
+    # 6: three hypotheses per input, best first; seeded samples.
+    nbest = (tmp_path / "mine/nbest.txt").read_text().splitlines()
+    assert [line.split(" ||| ")[0] for line in nbest] == ["0"] * 3 + ["1"] * 3
+    for i in (0, 3):
+        scores = [float(line.split(" ||| ")[2]) for line in nbest[i:i + 3]]
+        assert scores == sorted(scores, reverse=True)
+    samples = (tmp_path / "mine/sample.txt").read_text().splitlines()
+    assert len(samples) == 2
+    again = subprocess.run(
+        ["kt-translate", "--saved-model", "mine/saved_models/mine", "--input",
+         "mine/input.en", "--sampling", "--temperature", "0.8", "--top-p", "0.9",
+         "--seed", "7"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.splitlines() == samples
+    # Fine-tuning: a new run from the trained weights.
+    assert re.search(r"Initialised from (best|averaged|checkpoints)/ckpt-\d+: .*; fresh "
+                     r"optimizer", out), out[-4000:]
+    tuned = out[out.index("Initialised from"):]
+    assert "Training finished at step 6;" in tuned  # a fresh optimizer: from step 0
+    assert os.path.isfile(tmp_path / "runs/mine-tuned/checkpoints/ckpt-6.index")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--vocab", "{other}"], r"its source vocabulary \(\d+ ids\) is not the one given"),
+    (["--config", "small"], r"the new run's model differs from the trained one in .*'d_model': \(64, 256\)"),
+])
+def test_init_from_refuses_another_vocabulary_or_architecture(tmp_path, flags, message):
+    """--init-from with a mismatched vocabulary or model is refused, naming
+    what differs (a tiny trained run, then two refused fine-tunings)."""
+    from keras_transformer.cli import train as trainer
+
+    from support.processes import write_corpus
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_corpus(str(data))
+    common = ["--data", f"text:{data}", "--src-lang", "en", "--tgt-lang", "de",
+              "--vocab-size", "400", "--train-steps", "2", "--validate-every", "2",
+              "--checkpoint-every", "0", "--warmup-steps", "4", "--batch-tokens", "256",
+              "--max-length", "32", "--valid-split", "", "--verbose", "0"]
+    trained = str(tmp_path / "trained")
+    assert trainer.main(["--run-dir", trained, "--config", "tiny", *common]) == 0
+    other = str(tmp_path / "other")
+    assert trainer.main(["--run-dir", other, "--config", "tiny", *common,
+                         "--vocab-model-type", "bpe"]) == 0
+    flags = [f.format(other=os.path.join(other, "vocab.model")) for f in flags]
+    argv = ["--run-dir", str(tmp_path / "tuned"), "--init-from", trained, *common, *flags]
+    args = trainer.build_parser().parse_args(argv)
+    with pytest.raises(ValueError, match=message):
+        trainer.train(args, argv)
+    assert not os.path.exists(tmp_path / "tuned" / "config.json")
+
+
+def test_init_from_takes_the_weights_and_leaves_the_optimizer_fresh(tmp_path):
+    """A fine-tuning run's model starts with the trained weights, and its
+    optimizer at step 0 with zero moments; with --keep-optimizer, the trained
+    optimizer's step and moments come too."""
+    import keras
+    import numpy as np
+
+    from keras_transformer.cli import train as trainer
+    from keras_transformer.run_directory import RunDirectory
+    from keras_transformer.schedules import transformer_adam
+    from keras_transformer.training.checkpoints import build_for_restore
+    from keras_transformer.transformer import Transformer
+
+    from support.processes import write_corpus
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_corpus(str(data))
+    trained = str(tmp_path / "trained")
+    assert trainer.main(["--run-dir", trained, "--data", f"text:{data}", "--src-lang", "en",
+                         "--tgt-lang", "de", "--config", "tiny", "--vocab-size", "400",
+                         "--train-steps", "3", "--validate-every", "3", "--checkpoint-every",
+                         "0", "--warmup-steps", "4", "--batch-tokens", "256", "--max-length",
+                         "32", "--valid-split", "", "--verbose", "0"]) == 0
+    run = RunDirectory(trained)
+    expected = run.load_model("last", quiet=True)
+    prefix, _ = run.resolve_checkpoint("last")
+    for keep in (False, True):
+        model = Transformer(run.load_config())
+        optimizer = transformer_adam(64, warmup_steps=4)
+        model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+        build_for_restore(model, optimizer)
+        trainer._restore_initial_weights(model, optimizer, (prefix, "test"), keep)
+        for a, b in zip(model.weights, expected.weights):
+            np.testing.assert_array_equal(keras.ops.convert_to_numpy(a),
+                                          keras.ops.convert_to_numpy(b))
+        moments = sum(float(np.abs(keras.ops.convert_to_numpy(v)).sum())
+                      for v in optimizer.variables if "momentum" in v.path)
+        assert int(optimizer.iterations.numpy()) == (3 if keep else 0)
+        assert (moments > 0) == keep

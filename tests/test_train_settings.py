@@ -1,0 +1,174 @@
+"""kt-train's settings: `--config FILE` (YAML or JSON), `--set KEY=VALUE`,
+their precedence over flags, the data and vocabulary flags, and the error
+each bad input gets (naming the file, the key or the flag)."""
+
+import json
+import types
+
+import pytest
+
+from keras_transformer.cli import train as trainer
+
+BASE = ["--run-dir", "r", "--data", "builtin", "--src-lang", "en", "--tgt-lang", "synth"]
+
+
+def tokenizer(size=500):
+    return types.SimpleNamespace(vocab_size=size, pad_id=0, bos_id=2, eos_id=3)
+
+
+def resolved(argv):
+    args = trainer.build_parser().parse_args(argv)
+    return trainer.resolve_settings(args, argv)
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+YAML = """\
+model:
+  preset: tiny
+  norm_first: true
+  dropout: 0.25
+  num_decoder_layers: 1
+training:
+  batch-tokens: 512
+  train_steps: 77
+  cache_tokenized: true
+"""
+
+
+def test_a_yaml_file_sets_model_fields_on_its_preset_and_training_settings(tmp_path):
+    path = write(tmp_path, "c.yaml", YAML)
+    args = resolved(BASE + ["--config", path])
+    assert (args.batch_tokens, args.train_steps, args.cache_tokenized) == (512, 77, True)
+    shared = tokenizer()
+    config = trainer.model_config(args, shared, shared)
+    assert (config.d_model, config.num_layers, config.d_ff) == (64, 2, 128)  # tiny
+    assert config.norm_first is True and config.dropout == 0.25
+    assert config.decoder_layers == 1 and config.vocab_size == 500
+    assert config.shared_vocabulary
+
+
+def test_flags_win_over_the_file_and_set_wins_over_both(tmp_path):
+    path = write(tmp_path, "c.yaml", YAML)
+    args = resolved(BASE + ["--config", path, "--batch-tokens", "256", "--dropout", "0.05",
+                            "--set", "training.train_steps=9", "--set", "norm_first=false",
+                            "--set", "model.d_ff=96", "--set", "warmup_steps=12"])
+    assert args.batch_tokens == 256 and args.train_steps == 9
+    config = trainer.model_config(args, tokenizer(), tokenizer())
+    assert config.dropout == 0.05 and config.norm_first is False
+    assert config.d_ff == 96 and config.warmup_steps == 12
+    # A flag given on the command line at its default value still wins.
+    args = resolved(BASE + ["--config", path, "--batch-tokens", "4096"])
+    assert args.batch_tokens == 4096
+
+
+def test_json_files_and_presets_by_name(tmp_path):
+    path = write(tmp_path, "c.json", json.dumps(
+        {"model": {"preset": "demo", "position_encoding": "learned"},
+         "training": {"max_length": 32}}))
+    args = resolved(BASE + ["--config", path])
+    config = trainer.model_config(args, tokenizer(), tokenizer())
+    assert config.d_model == 128 and config.position_encoding == "learned"
+    assert args.max_length == 32 and config.max_length == 1024  # the flag, not the field
+    args = resolved(BASE + ["--config", "small"])
+    assert trainer.model_config(args, tokenizer(), tokenizer()).d_model == 256
+    args = resolved(BASE)
+    assert trainer.model_config(args, tokenizer(), tokenizer()).d_model == 512  # base
+
+
+def test_separate_tokenizers_give_a_target_vocabulary():
+    args = resolved(BASE + ["--config", "tiny"])
+    config = trainer.model_config(args, tokenizer(500), tokenizer(700))
+    assert config.vocab_size == 500 and config.target_vocab_size == 700
+
+
+@pytest.mark.parametrize("text, message", [
+    ("colour: red\n", r"c\.yaml: unknown top-level key\(s\) \['colour'\]"),
+    ("model:\n  norm_frist: true\n", r"c\.yaml, model: unknown field\(s\) \['norm_frist'\]"),
+    ("model:\n  preset: huge\n", r"unknown preset 'huge'"),
+    ("training:\n  batch_token: 5\n", r"c\.yaml, training: unknown training setting `batch_token`"),
+    ("training:\n  batch_tokens: many\n", r"`batch_tokens` must be int, received 'many'"),
+    ("training:\n  batch_tokens: 2.5\n", r"`batch_tokens` must be int, received 2.5"),
+    ("training:\n  precision: float8\n", r"`precision` must be one of"),
+    ("training:\n  cache_tokenized: 1\n", r"`cache_tokenized` must be true or false"),
+    ("model: [1, 2]\n", r"`model:` must be a mapping"),
+    ("model:\n  d_model: 64\n   dropout: 0.1\n", r"c\.yaml, line 3: not valid YAML"),
+])
+def test_bad_settings_files_name_the_file_and_the_key(tmp_path, text, message):
+    path = write(tmp_path, "c.yaml", text)
+    with pytest.raises(ValueError, match=message):
+        resolved(BASE + ["--config", path])
+
+
+@pytest.mark.parametrize("model, message", [
+    ("norm_first: 'yes'", r"`norm_first` must be bool, received 'yes'"),
+    ("d_model: 60\n  num_heads: 8", r"`d_model` \(60\) must be divisible by `num_heads` \(8\)"),
+    ("dropout: 1.5", r"`dropout` must be in \[0, 1\)"),
+    ("position_encoding: rotary", r"`position_encoding` must be one of"),
+])
+def test_bad_model_values_name_the_field_and_the_file(tmp_path, model, message):
+    path = write(tmp_path, "c.yaml", f"model:\n  {model}\n")
+    args = resolved(BASE + ["--config", path])
+    with pytest.raises(ValueError, match=message) as raised:
+        trainer.model_config(args, tokenizer(), tokenizer())
+    assert "c.yaml" in str(raised.value)
+
+
+@pytest.mark.parametrize("assignment, message", [
+    ("max_length=5", r"both a model field and a kt-train setting; write model.max_length"),
+    ("nonsense=1", r"unknown key `nonsense`"),
+    ("model.nonsense=1", r"--set model.nonsense=1: unknown field"),
+    ("training.nonsense=1", r"unknown training setting `nonsense`"),
+    ("novalue", r"expected KEY=VALUE"),
+    ("batch_tokens=lots", r"`batch_tokens` must be int"),
+])
+def test_bad_set_assignments_are_named(assignment, message):
+    with pytest.raises(ValueError, match=message):
+        resolved(BASE + ["--set", assignment])
+
+
+def test_a_missing_config_file_is_named():
+    with pytest.raises(ValueError, match=r"--config nowhere\.yaml: no such file"):
+        resolved(BASE + ["--config", "nowhere.yaml"])
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--train-src", "a.en"], r"--train-src needs --train-tgt"),
+    (["--train-tgt", "a.de"], r"--train-tgt needs --train-src"),
+    (["--train-tsv", "a.tsv", "--train-src", "a.en"], r"--train-tsv and --train-src/--train-tgt"),
+    (["--valid-tsv", "v.tsv", "--valid-tgt", "v.de"], r"--valid-tsv and --valid-src"),
+    (["--vocab", "a.model", "--src-vocab", "b.model", "--tgt-vocab", "c.model"],
+     r"--vocab \(shared\) and --src-vocab/--tgt-vocab"),
+    (["--src-vocab", "b.model"], r"--src-vocab and --tgt-vocab go together"),
+    (["--separate-vocab", "--vocab", "a.model"], r"--separate-vocab trains vocabularies"),
+    (["--src-vocab-size", "500"], r"need --separate-vocab"),
+    (["--character-coverage", "0"], r"--character-coverage must be in \(0, 1\]"),
+    (["--keep-optimizer"], r"--keep-optimizer applies to --init-from only"),
+    (["--valid-split", "", "--early-stopping-patience", "3"], r"needs validation data"),
+    (["--bleu-sentences", "0", "--best-metric", "bleu"], r"--best-metric bleu needs"),
+    (["--early-stopping-patience", "0"], r"--early-stopping-patience must be positive"),
+])
+def test_bad_data_and_vocabulary_flags_are_named(extra, message):
+    args = resolved(BASE + extra)
+    with pytest.raises(ValueError, match=message):
+        trainer.validate_args(args)
+
+
+def test_training_data_is_required_and_data_needs_languages():
+    args = resolved(["--run-dir", "r"])
+    with pytest.raises(ValueError, match="No training data"):
+        trainer.validate_args(args)
+    args = resolved(["--run-dir", "r", "--data", "text:x"])
+    with pytest.raises(ValueError, match="needs --src-lang and --tgt-lang"):
+        trainer.validate_args(args)
+    args = resolved(["--run-dir", "r", "--train-tsv", "t.tsv", "--valid-tsv", "v.tsv"])
+    trainer.validate_args(args)  # files alone need no languages
+
+
+def test_documented_validate_every_is_the_old_steps_per_epoch():
+    assert resolved(BASE + ["--validate-every", "7"]).steps_per_epoch == 7
+    assert resolved(BASE + ["--steps-per-epoch", "9"]).steps_per_epoch == 9
