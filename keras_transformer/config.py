@@ -246,15 +246,10 @@ def parse_assignment(text):
     key = key.strip().replace("-", "_")
     if not sep or not key:
         raise ValueError(f"--set {text!r}: expected KEY=VALUE, e.g. --set norm_first=true.")
-    try:
-        import yaml
+    import yaml
 
+    try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except ImportError:
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-    except Exception as e:  # yaml.YAMLError: a value YAML cannot read
+    except yaml.YAMLError as e:
         raise ValueError(f"--set {text!r}: cannot read the value ({e}).") from None
     return key, value
