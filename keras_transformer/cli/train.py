@@ -727,6 +727,10 @@ def _translation_fn(model, source_tokenizer, target_tokenizer, search):
     return lambda sentences: translator.translate(sentences)[0]
 
 
+# Test sets at least this long are translated with the XLA-compiled search.
+XLA_TEST_SET_SENTENCES = 256
+
+
 def _score_test_set(args, run, corpus, selector):
     """Translates the test data with the chosen checkpoint and returns the
     sacreBLEU scores."""
@@ -737,7 +741,10 @@ def _score_test_set(args, run, corpus, selector):
     pairs = list(corpus.pairs("test").as_numpy_iterator())
     sources = [s for s, _ in pairs]
     references = [t.decode("utf-8", "replace") for _, t in pairs]
-    hypotheses, _ = translator.translate(sources, jit_compile=True)
+    # XLA compiles a search per length bucket (seconds each), which pays
+    # back only over a test set of some size.
+    hypotheses, _ = translator.translate(sources,
+                                         jit_compile=len(sources) >= XLA_TEST_SET_SENTENCES)
     return score_translations(hypotheses, references)
 
 
