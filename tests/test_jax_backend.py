@@ -65,6 +65,11 @@ def test_searches_jit_compile_on_jax(jax_report):
     assert jax_report["greedy_equals_beam1"]
 
 
+def test_sampling_jit_compiles_on_jax(jax_report):
+    assert jax_report["sampling_at_temperature_0_equals_greedy"]
+    assert jax_report["sampling_reproducible"] and jax_report["sampling_seeds_differ"]
+
+
 def test_tensorflow_is_not_needed(jax_report):
     assert not jax_report["tensorflow_imported"]
 

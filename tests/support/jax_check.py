@@ -15,7 +15,7 @@ import keras
 import numpy as np
 
 import keras_transformer as kt
-from keras_transformer.decoding import beam_search_translate, greedy_translate
+from keras_transformer.decoding import beam_search_translate, greedy_translate, sample_translate
 
 assert keras.backend.backend() == "jax", keras.backend.backend()
 # TensorFlow must not be needed (it may be installed; it must not be imported).
@@ -86,6 +86,19 @@ beam1, _ = jax.jit(lambda s: beam_search_translate(model, s, beam_size=1, alpha=
                                                    extra_length=4))(source)
 report["greedy_equals_beam1"] = bool(np.array_equal(np.asarray(greedy_ids),
                                                     np.asarray(beam1)[:, 0]))
+# Sampling under jax.jit: temperature 0 is greedy; a seed gives the same
+# samples twice, another seed others.
+sample = jax.jit(lambda s, t, seed_noise: sample_translate(
+    model, s, temperature=t, top_k=0, top_p=0.9, extra_length=4, noise=seed_noise))
+noise = [np.random.default_rng(k).random((8, 64)).astype("float32") for k in (1, 2)]
+cold, _ = sample(source, 0.0, noise[0])
+first, _ = sample(source, 1.0, noise[0])
+again, _ = sample(source, 1.0, noise[0])
+other, _ = sample(source, 1.0, noise[1])
+report["sampling_at_temperature_0_equals_greedy"] = bool(np.array_equal(
+    np.asarray(cold), np.asarray(greedy_ids)))
+report["sampling_reproducible"] = bool(np.array_equal(np.asarray(first), np.asarray(again)))
+report["sampling_seeds_differ"] = not bool(np.array_equal(np.asarray(first), np.asarray(other)))
 
 # The training-speed layers on JAX (issue 5): 16-bit dropout, the
 # closed-form LayerNorm gradient, and `transformer_adam` (Keras's Adam here;
