@@ -521,10 +521,16 @@ def init_source(path):
                      "checkpoints) nor a checkpoint prefix (PREFIX.index).")
 
 
+def _differences(before, after, keys):
+    """`{key: (before[key], after[key])}` for the `keys` whose values differ
+    (a key missing from `before`, as in older run directories, is skipped)."""
+    return {k: (before[k], after[k]) for k in keys if k in before and before[k] != after[k]}
+
+
 def _same_architecture(source, config, where):
     """Raises naming every field that differs, except `FINE_TUNABLE` ones."""
     a, b = source.to_dict(), config.to_dict()
-    differ = {k: (a[k], b[k]) for k in a if k not in FINE_TUNABLE and a[k] != b[k]}
+    differ = _differences(a, b, [k for k in a if k not in FINE_TUNABLE])
     if differ:
         raise ValueError(
             f"--init-from {where}: the new run's model differs from the trained one in "
@@ -593,8 +599,7 @@ def _prepare_run_directory(args, run, strategy, corpus):
 
     if run.exists():
         previous = run.load_args()
-        changed = {k: (previous[k], getattr(args, k)) for k in FIXED_ON_RESUME
-                   if k in previous and previous[k] != getattr(args, k)}
+        changed = _differences(previous, vars(args), FIXED_ON_RESUME)
         if changed:
             raise ValueError(
                 f"{run.path} was created with different settings {changed} "
@@ -603,14 +608,13 @@ def _prepare_run_directory(args, run, strategy, corpus):
         source, target = run.load_tokenizers()
         config = run.load_config()
         wanted = model_config(args, source, target, base=config if args.init_from else None)
-        differ = {k: (v, wanted.to_dict()[k]) for k, v in config.to_dict().items()
-                  if wanted.to_dict()[k] != v}
+        was = config.to_dict()
+        differ = _differences(was, wanted.to_dict(), was)
         if differ:
             raise ValueError(f"{run.path} was created with model settings that differ from "
                              f"these: {differ} (was, now); use a new --run-dir or the "
                              "original settings.")
-        stream = {k: (previous[k], getattr(args, k)) for k in DATA_STREAM
-                  if k in previous and previous[k] != getattr(args, k)}
+        stream = _differences(previous, vars(args), DATA_STREAM)
         if stream and is_chief(strategy):
             print(f"Warning: {stream} (was, now) changed since the run began, so the resumed "
                   "run reads a different stream of batches than an uninterrupted run would.",
