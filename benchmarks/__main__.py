@@ -26,6 +26,7 @@ SUBCOMMANDS = {
                  "whether the numbers are the same"),
     "fast-paths": ("fast_paths", "what each TensorFlow-only fast path gains on a "
                                  "training step"),
+    "serve-load": ("serve_load", "kt-serve under load and faults, batching on and off"),
     "jax": ("jax_benchmark", "training and search speed with KERAS_BACKEND=jax, "
                              "no TensorFlow"),
 }

@@ -40,9 +40,9 @@ SYSTEM_MALLOC_FLAG = "--system-malloc"
 # The console scripts (setup.cfg) and the checkout's scripts that run them
 # (training/*.py), by the name a process started as one has in sys.argv[0].
 COMMANDS = ("kt-train", "kt-evaluate", "kt-translate", "kt-export", "kt-average",
-            "kt-visualize", "kt-demo")
+            "kt-visualize", "kt-demo", "kt-serve")
 CHECKOUT_SCRIPTS = ("train.py", "evaluate.py", "translate.py", "export.py",
-                    "average_checkpoints.py", "visualize.py", "demo.py")
+                    "average_checkpoints.py", "visualize.py", "demo.py", "serve.py")
 _CHECKOUT_TRAINING = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "training")
 

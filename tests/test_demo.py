@@ -7,43 +7,50 @@ below without positional encoding."""
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The console script, installed beside this Python (scripts/venv.sh).
-KT_DEMO = os.path.join(os.path.dirname(sys.executable), "kt-demo")
+from support.demo_run import run_demo as run_kt_demo
+from support.demo_run import tiny_demo
+
 # TensorFlow's start-up lines that kt-demo hides unless asked (--tf-verbose).
 START_UP_NOISE = ("failed call to cuInit", "Could not find cuda drivers",
                   "oneDNN custom operations are on", "oneDNN supports DT_INT64",
                   "absl::InitializeLog()", "cpu_feature_guard")
 
 
-def run_demo(tmp_path, *extra, timeout):
-    command = [KT_DEMO, "--run-dir", str(tmp_path / "run"), "--saved-models", str(tmp_path / "sm"),
-               *extra]
-    # As a user's shell runs it: no log level set (the tests' conftest sets one).
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "KT_VERBOSE")}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                            env=env)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+def check_run(returncode, stdout, stderr):
+    """The run succeeded quietly; returns its test BLEU."""
+    assert returncode == 0, stdout[-3000:] + stderr[-3000:]
     for noise in START_UP_NOISE:
-        assert noise not in result.stderr, result.stderr[-3000:]
-    bleu = float(re.search(r"test BLEU\s+([\d.]+)", result.stdout).group(1))
-    return result.stdout, bleu, result.stderr
+        assert noise not in stderr, stderr[-3000:]
+    return float(re.search(r"test BLEU\s+([\d.]+)", stdout).group(1))
 
 
-def test_demo_runs_end_to_end(tmp_path):
-    out, bleu, err = run_demo(tmp_path, "--config", "tiny", "--train-steps", "12",
-                              "--test-sentences", "8", "--average", "2", timeout=900)
+def run_demo(tmp_path, *extra, timeout):
+    done = run_kt_demo(str(tmp_path), *extra, timeout=timeout)
+    return done.stdout, check_run(done.returncode, done.stdout, done.stderr), done.stderr
+
+
+def test_demo_runs_end_to_end(tmp_path_factory):
+    # The tiny run tests/test_playground.py serves too (run once per session).
+    demo = tiny_demo(tmp_path_factory)
+    out, err = demo["stdout"], demo["stderr"]
+    bleu = check_run(demo["returncode"], out, err)
+    saved_models, run_dir = demo["saved_models"], demo["run_dir"]
     assert 0.0 <= bleu <= 100.0
     assert "BLEU|nrefs:1" in out and "chrF2|" in out  # sacreBLEU signatures
-    assert os.path.isfile(tmp_path / "sm" / "demo" / "1" / "saved_model.pb")
-    pictures = sorted(os.listdir(tmp_path / "run" / "pictures"))
+    assert os.path.isfile(os.path.join(saved_models, "demo", "1", "saved_model.pb"))
+    # The export carries held-out sentences for the playground to offer.
+    from keras_transformer.data.synthetic import builtin_source
+    from keras_transformer.export import read_examples
+
+    held_out = [s.decode() for s, _ in builtin_source("", "test", "en", "synth").take(8)
+                .as_numpy_iterator()]
+    assert read_examples(os.path.join(saved_models, "demo", "1")) == held_out
+    pictures = sorted(os.listdir(os.path.join(run_dir, "pictures")))
     assert "attention_decoder_cross.png" in pictures and "positional_encoding.png" in pictures
-    assert os.listdir(tmp_path / "run" / "averaged")
+    assert os.listdir(os.path.join(run_dir, "averaged"))
     # False alarms a user would read as failures: Keras's on `fit` with an
     # already shuffled dataset, at the end of the first validation pass and
     # on a softmax over one key (a one-token translation's attention map),

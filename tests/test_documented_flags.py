@@ -23,11 +23,12 @@ DOCUMENTS = ["README.md", *sorted(glob.glob(os.path.join("docs", "*.md"))),
 
 COMMANDS = {  # kt-<name> -> module under keras_transformer.cli
     "train": "train", "evaluate": "evaluate", "translate": "translate", "export": "export",
-    "average": "average", "visualize": "visualize", "demo": "demo",
+    "average": "average", "visualize": "visualize", "demo": "demo", "serve": "serve",
 }
 SCRIPTS = {  # training/<name>.py -> kt-<name>
     "train": "train", "evaluate": "evaluate", "translate": "translate", "export": "export",
     "average_checkpoints": "average", "visualize": "visualize", "demo": "demo",
+    "serve": "serve",
 }
 SHELL_SCRIPTS = {"demo": "demo", "multi30k": "train"}  # scripts/<name>.sh -> kt-<name>
 

@@ -76,6 +76,23 @@ r = sig["translate_sample"](text=texts("sample"), temperature=tf.constant(s["tem
                             seed=tf.constant(s["seed"], tf.int64), extra_length=tf.constant(4))
 out["sample"] = {"translation": [base64.b64encode(t).decode() for t in r["translation"].numpy()],
                  "score": r["score"].numpy().tolist()}
+# The explainable signature with the export's defaults, beside serving_default.
+r = sig["translate_explain"](text=texts("explain"), beam_size=tf.constant(3),
+                             alpha=tf.constant(0.6), extra_length=tf.constant(4))
+out["explain"] = {key: value.numpy().tolist() for key, value in r.items()
+                  if key not in ("translation", "source_pieces", "target_pieces")}
+for key in ("translation", "source_pieces", "target_pieces"):
+    out["explain"][key] = [base64.b64encode(t).decode() for t in
+                           r[key].numpy().reshape(-1)]
+out["explain"]["pieces_shape"] = [r["source_pieces"].shape.as_list(),
+                                  r["target_pieces"].shape.as_list()]
+r = sig["serving_default"](text=texts("explain"))
+out["explain_default"] = {"translation": [base64.b64encode(t).decode()
+                                          for t in r["translation"].numpy()],
+                          "score": r["score"].numpy().tolist()}
+r = sig["translate_explain"](text=tf.constant([], tf.string), beam_size=tf.constant(3),
+                             alpha=tf.constant(0.6), extra_length=tf.constant(4))
+out["explain_empty_batch"] = r["alignment"].shape.as_list()
 out["bad_options"] = {}
 for name, signature, options in [
         ("n", "translate_nbest", dict(n=tf.constant(4), beam_size=tf.constant(3),
@@ -223,9 +240,13 @@ def exported(tmp_path_factory):
         "sample_other_seed": translator.sample(SENTENCES + BAD, **dict(SAMPLING, seed=6)),
         "sample_greedy": translator.sample(SENTENCES, temperature=0.0),
         "greedy": translator.translate(SENTENCES, beam_size=1, alpha=0.0),
+        "explain": translator.explain(SENTENCES + BAD),
+        "explain_beam_1": translator.explain(SENTENCES, beam_size=1, alpha=0.0),
+        "greedy_options": translator.translate(SENTENCES, beam_size=1, alpha=0.0),
     }
     serving = (translator.serve, translator.serve_with_options, translator.serve_ids,
-               translator.serve_xla, translator.serve_nbest, translator.serve_sample)
+               translator.serve_xla, translator.serve_nbest, translator.serve_sample,
+               translator.serve_explain)
     traced = [f.experimental_get_tracing_count() for f in serving]
     result["path"] = export_translator(
         translator, str(tmp_path_factory.mktemp("saved_models")), name="tiny"
@@ -243,6 +264,7 @@ def fresh(exported):
         "ids": exported["ids_input"], "long_ids": [long],
         "truncated_ids": [long[: MAX_LENGTH - 1]],
         "nbest": b64(SENTENCES + BAD), "sample": b64(SENTENCES + BAD), "sampling": SAMPLING,
+        "explain": b64(SENTENCES + BAD),
     }
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run([sys.executable, "-c", FRESH], input=json.dumps(request),
@@ -331,6 +353,7 @@ def test_the_xla_signature_gives_the_serving_default_translations(exported, fres
                                     "translate_with_options": False,
                                     "translate_ids": False, "translate_xla": True,
                                     "translate_nbest": False, "translate_sample": False,
+                                    "translate_explain": False,
                                     "__saved_model_init_op": False}
 
 
@@ -351,9 +374,11 @@ def test_every_op_is_registered_by_tensorflow_or_tensorflow_text(fresh):
     # The ops of every function in the SavedModel, the n-best and sampling
     # signatures' included: their stateless uniforms and per-sentence
     # hashes are in the list.
-    assert {"translate_nbest", "translate_sample"} <= set(fresh["signatures"])
+    assert {"translate_nbest", "translate_sample", "translate_explain"} <= set(
+        fresh["signatures"])
     assert fresh["unregistered"] == []
     assert {"SentencepieceOp", "SentencepieceTokenizeOp", "SentencepieceDetokenizeOp",
+            "SentencepieceIdToStringOp",
             "While", "TopKV2", "StatelessRandomUniformV2", "StringToHashBucketFast",
             "Cumsum"} <= set(fresh["ops"])
     forbidden = [op for op in fresh["ops"]
@@ -364,7 +389,7 @@ def test_every_op_is_registered_by_tensorflow_or_tensorflow_text(fresh):
 def test_export_traces_each_serving_function_once(exported):
     # Once, in the SavedModel's own tracing context: a concrete function traced
     # before `tf.saved_model.save` would be traced there a second time.
-    assert exported["traces_at_export"] == [1, 1, 1, 1, 1, 1]
+    assert exported["traces_at_export"] == [1, 1, 1, 1, 1, 1, 1]
 
 
 def test_the_saved_model_carries_no_gradient_functions(fresh):
@@ -474,6 +499,63 @@ def test_temperature_zero_samples_the_greedy_translation(exported):
     assert exported["sample_greedy"][0] == exported["greedy"][0]
     np.testing.assert_allclose(exported["sample_greedy"][1], exported["greedy"][1],
                                rtol=1e-5, atol=1e-5)
+
+
+def test_the_explainable_signature_translates_as_serving_default(exported, fresh):
+    # Exported with beam 3, alpha 0.6, extra 4: the explain call with those
+    # options runs serving_default's search in the same process.
+    served = fresh["explain"]
+    assert served["translation"] == fresh["explain_default"]["translation"]
+    np.testing.assert_allclose(served["score"], fresh["explain_default"]["score"],
+                               rtol=1e-6, atol=1e-6)
+    translations, scores = exported["all"]
+    assert [e["translation"] for e in exported["explain"]] == translations
+    np.testing.assert_allclose([e["score"] for e in exported["explain"]], scores,
+                               rtol=1e-5, atol=1e-5)
+    assert fresh["explain_empty_batch"][0] == 0
+    # The options reach the search: beam 1, alpha 0 is greedy search.
+    assert [e["translation"] for e in exported["explain_beam_1"]] == \
+        exported["greedy_options"][0]
+
+
+def test_an_explanation_accounts_for_its_translation(exported, fresh):
+    alpha, limit_extra = 0.6, 4
+    for sentence, e in zip(SENTENCES + BAD, exported["explain"]):
+        t, s = len(e["target_pieces"]), len(e["source_pieces"])
+        if not e["translation"]:
+            assert e["target_pieces"] == [] and e["alignment"] == [] and e["score"] == 0.0
+            continue
+        assert e["source_pieces"][-1] == "</s>" and "</s>" not in e["source_pieces"][:-1]
+        assert s <= MAX_LENGTH
+        # Ended by eos, or cut at the sentence's length limit.
+        assert e["target_pieces"][-1] == "</s>" or t == min(s + limit_extra, MAX_LENGTH)
+        # Detokenized, the pieces are the translation.
+        text = "".join(p for p in e["target_pieces"] if p != "</s>").replace("\u2581", " ")
+        assert len(text.strip()) > 0
+        # The score is the beam search's: the pieces' log-probabilities
+        # summed, under the length penalty (incremental vs teacher-forced
+        # decoding: float32 rounding apart).
+        assert all(lp <= 0.0 for lp in e["token_log_probs"])
+        penalty = ((5.0 + t) / 6.0) ** alpha
+        assert sum(e["token_log_probs"]) / penalty == pytest.approx(e["score"], rel=1e-4,
+                                                                    abs=1e-4)
+        alignment = np.array(e["alignment"])
+        assert alignment.shape == (t, s)
+        np.testing.assert_allclose(alignment.sum(axis=1), 1.0, atol=1e-5)
+        assert (alignment >= 0).all()
+    # Served: the same explanation, padded to the batch's widest.
+    served = fresh["explain"]
+    rows, width = served["pieces_shape"][1]
+    assert served["target_length"] == [len(e["target_pieces"]) for e in exported["explain"]]
+    assert served["source_length"] == [len(e["source_pieces"]) for e in exported["explain"]]
+    target_pieces = [base64.b64decode(p).decode() for p in served["target_pieces"]]
+    for b, e in enumerate(exported["explain"]):
+        t = len(e["target_pieces"])
+        assert target_pieces[b * width: b * width + t] == e["target_pieces"]
+        assert set(target_pieces[b * width + t: (b + 1) * width]) <= {""}
+        np.testing.assert_allclose(served["token_log_probs"][b][:t], e["token_log_probs"],
+                                   rtol=1e-5, atol=1e-5)
+        assert served["token_log_probs"][b][t:] == [0.0] * (width - t)
 
 
 class _Tiny(tf.Module):

@@ -26,6 +26,7 @@ RANKS = [
     {"decoding", "data", "evaluation", "visualization"},
     {"run_directory", "training"},
     {"export"},
+    {"serving"},
     {"cli"},
 ]
 

@@ -16,18 +16,42 @@ pytest.importorskip("requests")
 class _StubServing(http.server.BaseHTTPRequestHandler):
     requests = []
 
+    def do_GET(self):
+        self._answer(200, {"model_version_status": [
+            {"version": "3", "state": "AVAILABLE",
+             "status": {"error_code": "OK", "error_message": ""}}]})
+
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _StubServing.requests.append((self.path, body))
         texts = body["inputs"]["text"]
+        signature = body["signature_name"]
         if any(t == "FAIL" for t in texts):
             status, answer = 400, {"error": "beam_size must be between 1 and 166"}
+        elif signature == "translate_nbest":
+            n = body["inputs"]["n"]
+            status, answer = 200, {"outputs": {
+                "translations": [[f"{t}#{k}" for k in range(n)] for t in texts],
+                "scores": [[-1.0 - k for k in range(n)] for _ in texts]}}
+        elif signature == "translate_explain":
+            # Padded to the batch's widest, as the signature returns them.
+            status, answer = 200, {"outputs": {
+                "translation": [t.upper() for t in texts], "score": [-2.0 for _ in texts],
+                "source_pieces": [["a", "</s>", ""], ["b", "c", "</s>"]][:len(texts)],
+                "target_pieces": [["A", "</s>"], ["", ""]][:len(texts)],
+                "token_log_probs": [[-0.5, -0.25], [0.0, 0.0]][:len(texts)],
+                "alignment": [[[0.5, 0.5, 0.0], [0.25, 0.75, 0.0]],
+                              [[0.0] * 3, [0.0] * 3]][:len(texts)],
+                "source_length": [2, 3][:len(texts)], "target_length": [2, 0][:len(texts)]}}
         else:
             decoded = [base64.b64decode(t["b64"]).decode("utf-8", "replace")
                        if isinstance(t, dict) else t for t in texts]
             status = 200
             answer = {"outputs": {"translation": [t.upper() for t in decoded],
                                   "score": [-float(len(t)) for t in decoded]}}
+        self._answer(status, answer)
+
+    def _answer(self, status, answer):
         data = json.dumps(answer).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -85,3 +109,28 @@ def test_server_errors_are_raised_with_their_message(server):
         RestClient(server).translate(["FAIL"])
     with pytest.raises(TypeError, match="list"):
         RestClient(server).translate("one string")
+
+
+def test_n_best_samples_and_explanations_send_every_input(server):
+    client = RestClient(server, model="de_en")
+    assert client.translate_nbest(["x", "y"], 2) == [[("x#0", -1.0), ("x#1", -2.0)],
+                                                   [("y#0", -1.0), ("y#1", -2.0)]]
+    assert client.sample(["ein hund"], temperature=0.5, seed=7) == (["EIN HUND"], [-8.0])
+    explained = client.explain(["a", "bc"], beam_size=2)
+    # Trimmed to each sentence's own lengths.
+    assert explained[0] == {"translation": "A", "score": -2.0, "source_pieces": ["a", "</s>"],
+                            "target_pieces": ["A", "</s>"], "token_log_probs": [-0.5, -0.25],
+                            "alignment": [[0.5, 0.5], [0.25, 0.75]]}
+    assert explained[1]["target_pieces"] == [] and explained[1]["alignment"] == []
+    assert explained[1]["source_pieces"] == ["b", "c", "</s>"]
+    bodies = [body for _, body in _StubServing.requests]
+    assert bodies[0] == {"signature_name": "translate_nbest", "inputs": {
+        "text": ["x", "y"], "n": 2, "beam_size": 4, "alpha": 0.6, "extra_length": 50}}
+    assert bodies[1] == {"signature_name": "translate_sample", "inputs": {
+        "text": ["ein hund"], "temperature": 0.5, "top_k": 0, "top_p": 1.0, "seed": 7,
+        "extra_length": 50}}
+    assert bodies[2]["signature_name"] == "translate_explain"
+    assert bodies[2]["inputs"]["beam_size"] == 2
+    assert client.status()["model_version_status"][0]["state"] == "AVAILABLE"
+    with pytest.raises(ServingError, match="400.*beam_size must be between"):
+        client.explain(["FAIL"])

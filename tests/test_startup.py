@@ -17,7 +17,8 @@ import pytest
 from keras_transformer import malloc, startup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COMMANDS = ["train", "evaluate", "translate", "export", "average", "visualize", "demo"]
+COMMANDS = ["train", "evaluate", "translate", "export", "average", "visualize", "demo",
+            "serve"]
 SCRIPTS = {"train": "train", "evaluate": "evaluate", "translate": "translate",
            "export": "export", "average": "average_checkpoints", "visualize": "visualize",
            "demo": "demo"}

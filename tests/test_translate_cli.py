@@ -51,14 +51,24 @@ def exported_run(tmp_path_factory):
     source.write_bytes("\n".join(SOURCES).encode("utf-8") + b"\n\xff\xfe\n")
     reference = tmp_path / "test.en"
     reference.write_text("A man rides a bike.\n\nThe girls cross the street.\nNothing.\n")
+    examples = tmp_path / "examples.txt"
+    examples.write_text("Ein Mann fährt Rad.\n\n  Zwei Hunde.  \n")
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exported = export.export([
             "--run-dir", run.path, "--output-dir", str(tmp_path / "saved_models"),
-            "--beam-size", "2", "--extra-length", "3",
+            "--beam-size", "2", "--extra-length", "3", "--examples", str(examples),
         ])
     return dict(tmp_path=tmp_path, run=run, source=source, reference=reference,
                 exported=exported, printed=printed.getvalue())
+
+
+def test_export_stores_the_example_sentences(exported_run):
+    from keras_transformer.export import read_examples
+
+    # Stripped, blank lines skipped; an export without them has none.
+    assert read_examples(exported_run["exported"]) == ["Ein Mann fährt Rad.", "Zwei Hunde."]
+    assert read_examples(str(exported_run["tmp_path"])) == []
 
 
 def test_export_translate_and_evaluate(exported_run, capsys):

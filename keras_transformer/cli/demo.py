@@ -28,6 +28,10 @@ import time
 from keras_transformer import startup
 
 
+# Held-out sentences the SavedModel carries as examples.
+EXAMPLES = 12
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="kt-demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -136,7 +140,9 @@ def main(argv=None):
     print(scores["chrf_text"])
 
     clock.phase("5. Exporting the SavedModel and loading it back")
-    path = export_translator(translator, args.saved_models, name=args.name)
+    # Held-out sentences ride along for kt-serve's playground to offer.
+    path = export_translator(translator, args.saved_models, name=args.name,
+                             examples=sources[:EXAMPLES])
     import tensorflow_text  # noqa: F401  (registers the SentencePiece ops for loading)
 
     served = tf.saved_model.load(path).signatures["serving_default"]

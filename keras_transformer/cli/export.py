@@ -8,8 +8,12 @@ in, strings out.
 The SavedModel has the signatures `serving_default` (text -> translation,
 score, with --beam-size/--alpha/--extra-length fixed at export),
 `translate_with_options` (the same plus beam_size, alpha, extra_length
-inputs) and `translate_ids` (token ids in and out). It needs only
-TensorFlow and tensorflow-text to load.
+inputs), `translate_ids` (token ids in and out), `translate_xla`,
+`translate_nbest`, `translate_sample` and `translate_explain` (pieces,
+per-token log-probabilities and the source alignment); docs/serving.md
+describes them. It needs only TensorFlow and tensorflow-text to load.
+`--examples FILE` stores example source sentences in it, which kt-serve's
+playground offers.
 
 --checkpoint chooses the weights: auto (the default: averaged/ unless training
 went on after averaging, else the best validated checkpoint in best/, else the
@@ -27,8 +31,13 @@ from keras_transformer import startup
 from keras_transformer.cli.common import (
     add_decoding_arguments,
     add_model_arguments,
+    read_lines,
     run_command,
 )
+
+
+# Example sentences kept from --examples.
+MAX_EXAMPLES = 50
 
 
 def build_parser():
@@ -44,6 +53,10 @@ def build_parser():
                         help="where <name>/<version>/ is written (default: %(default)s)")
     parser.add_argument("--version", type=int,
                         help="version number (default: one more than the newest)")
+    parser.add_argument("--examples", metavar="FILE",
+                        help="a text file of source sentences, one per line (the first "
+                        f"{MAX_EXAMPLES}, blank lines skipped), stored in the SavedModel's "
+                        "assets.extra/examples.json for kt-serve's playground to offer")
     startup.add_arguments(parser)
     return parser
 
@@ -68,7 +81,13 @@ def export(argv=None):
         extra_length=args.extra_length,
     )
     name = args.name or os.path.basename(os.path.normpath(args.run_dir))
-    path = export_translator(translator, args.output_dir, name, args.version)
+    examples = None
+    if args.examples:
+        examples = [line.decode("utf-8", "replace").strip()
+                    for line in read_lines(args.examples)]
+        examples = [line for line in examples if line][:MAX_EXAMPLES]
+    path = export_translator(translator, args.output_dir, name, args.version,
+                             examples=examples)
     print(path)
     return path
 

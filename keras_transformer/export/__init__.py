@@ -6,9 +6,11 @@ from keras_transformer.export.saved_model import (
     export_translator,
     load_translator,
     open_translator,
+    read_examples,
 )
 from keras_transformer.export.translator import (
     Translator,
+    explain_in_batches,
     nbest_in_batches,
     translate_in_batches,
     translator_from_run_directory,

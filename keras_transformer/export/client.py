@@ -14,9 +14,18 @@ response::
 With `xla=True` the clients ask for the `translate_xla` signature (same
 answers, several times faster on CPU), which the server runs only when
 started with `--xla_cpu_compilation_enabled=true`.
+
+`RestClient` also asks for n-best lists (`translate_nbest`), samples
+(`translate_sample`) and explanations (`translate_explain`). TF Serving
+takes no default for a signature input, so these send every option; where
+the caller gives none, the paper's (beam 4, alpha 0.6, extra length 50),
+which may differ from the defaults the model was exported with.
 """
 
 import base64
+
+# The paper's search options (section 6.1), sent where the caller gives none.
+PAPER_BEAM_SIZE, PAPER_ALPHA, PAPER_EXTRA_LENGTH = 4, 0.6, 50
 
 DEFAULT_URL = "http://localhost:8501"
 DEFAULT_SIGNATURE = "serving_default"
@@ -111,15 +120,95 @@ class RestClient:
         """`(translations: list of str, scores: list of float)`."""
         if not sentences:
             return [], []
-        response = self.session.post(
-            self.predict_url, json=self.request_body(sentences, beam_size, alpha, extra_length),
-            timeout=self.timeout,
-        )
+        status, body = self._post(self.request_body(sentences, beam_size, alpha, extra_length))
+        return self.parse_response(status, body)
+
+    def predict(self, signature_name, inputs):
+        """One predict request in the columnar format: `inputs` a dict of
+        JSON-able values (sentences as str, or bytes sent as b64). Returns
+        the response's `outputs` dict; `ServingError` on an error answer."""
+        inputs = dict(inputs)
+        if "text" in inputs:
+            if isinstance(inputs["text"], (str, bytes)):
+                raise TypeError("`text` must be a list of sentences, not one string.")
+            inputs["text"] = [_json_string(s) for s in inputs["text"]]
+        status, body = self._post({"signature_name": signature_name, "inputs": inputs})
+        if status != 200 or "error" in body:
+            raise ServingError(f"TF Serving answered {status}: {body.get('error', body)}")
+        return body["outputs"]
+
+    def translate_nbest(self, sentences, n, beam_size=None, alpha=PAPER_ALPHA,
+                        extra_length=PAPER_EXTRA_LENGTH):
+        """The `n` best translations of each sentence (`translate_nbest`):
+        a list per sentence of `n` `(str, float)` pairs, best first.
+        `beam_size` None: `max(n, 4)`."""
+        if not sentences:
+            return []
+        beam_size = max(n, PAPER_BEAM_SIZE) if beam_size is None else beam_size
+        outputs = self.predict("translate_nbest", {
+            "text": sentences, "n": int(n), "beam_size": int(beam_size),
+            "alpha": float(alpha), "extra_length": int(extra_length)})
+        return [[(t, float(s)) for t, s in zip(texts, scores)]
+                for texts, scores in zip(outputs["translations"], outputs["scores"])]
+
+    def sample(self, sentences, temperature=1.0, top_k=0, top_p=1.0, seed=0,
+               extra_length=PAPER_EXTRA_LENGTH):
+        """One sampled translation per sentence (`translate_sample`; the
+        same seed and sentence, the same sample): `(translations,
+        scores)`."""
+        if not sentences:
+            return [], []
+        outputs = self.predict("translate_sample", {
+            "text": sentences, "temperature": float(temperature), "top_k": int(top_k),
+            "top_p": float(top_p), "seed": int(seed), "extra_length": int(extra_length)})
+        return list(outputs["translation"]), [float(s) for s in outputs["score"]]
+
+    def explain(self, sentences, beam_size=PAPER_BEAM_SIZE, alpha=PAPER_ALPHA,
+                extra_length=PAPER_EXTRA_LENGTH):
+        """Each sentence's translation explained (`translate_explain`): a
+        dict per sentence with `translation`, `score`, `source_pieces`,
+        `target_pieces`, `token_log_probs` and `alignment` (target pieces
+        x source pieces), trimmed to the sentence's own lengths."""
+        if not sentences:
+            return []
+        out = self.predict("translate_explain", {
+            "text": sentences, "beam_size": int(beam_size), "alpha": float(alpha),
+            "extra_length": int(extra_length)})
+        explained = []
+        for b, translation in enumerate(out["translation"]):
+            s, t = int(out["source_length"][b]), int(out["target_length"][b])
+            explained.append({
+                "translation": translation,
+                "score": float(out["score"][b]),
+                "source_pieces": list(out["source_pieces"][b][:s]),
+                "target_pieces": list(out["target_pieces"][b][:t]),
+                "token_log_probs": [float(x) for x in out["token_log_probs"][b][:t]],
+                "alignment": [[float(x) for x in row[:s]] for row in out["alignment"][b][:t]],
+            })
+        return explained
+
+    def status(self):
+        """The model's version status (`GET /v1/models/<name>[/versions/<v>]`)
+        as the server's JSON: `{"model_version_status": [...]}`."""
+        version = f"/versions/{int(self.version)}" if self.version is not None else ""
+        response = self.session.get(f"{self.url}/v1/models/{self.model}{version}",
+                                    timeout=self.timeout)
+        body = self._json(response)
+        if response.status_code != 200 or "error" in body:
+            raise ServingError(
+                f"TF Serving answered {response.status_code}: {body.get('error', body)}")
+        return body
+
+    def _post(self, body):
+        response = self.session.post(self.predict_url, json=body, timeout=self.timeout)
+        return response.status_code, self._json(response)
+
+    @staticmethod
+    def _json(response):
         try:
-            body = response.json()
+            return response.json()
         except ValueError:
-            body = {"error": response.text[:500]}
-        return self.parse_response(response.status_code, body)
+            return {"error": response.text[:500]}
 
 
 class GrpcClient:

@@ -7,8 +7,11 @@ Layout::
         saved_model.pb                  signatures: serving_default,
         variables/                        translate_with_options, translate_ids,
                                           translate_xla, translate_nbest,
-                                          translate_sample (see `Translator`)
+                                          translate_sample, translate_explain
+                                          (see `Translator`)
         assets.extra/translator.json    config, decoding defaults, input rules
+        assets.extra/examples.json      example source sentences (optional; the
+                                          playground of kt-serve offers them)
 
 The version directory is written under a temporary name in `<output_dir>`
 (outside the `<name>/` directory a server watches) and renamed into place,
@@ -24,6 +27,7 @@ import tempfile
 import tensorflow as tf
 
 from keras_transformer.export.translator import (
+    explain_in_batches,
     metadata_json,
     nbest_beam_size,
     nbest_in_batches,
@@ -32,6 +36,7 @@ from keras_transformer.export.translator import (
 )
 
 METADATA_FILE = os.path.join("assets.extra", "translator.json")
+EXAMPLES_FILE = os.path.join("assets.extra", "examples.json")
 
 
 def versions(model_dir):
@@ -45,7 +50,7 @@ def versions(model_dir):
 
 
 def export_translator(translator, output_dir="saved_models", name="transformer",
-                      version=None):
+                      version=None, examples=None):
     """Writes `translator` as `<output_dir>/<name>/<version>/` atomically.
 
     Args:
@@ -53,6 +58,9 @@ def export_translator(translator, output_dir="saved_models", name="transformer",
         output_dir: the directory a TF Serving model config points into.
         name: the model name (TF Serving's `MODEL_NAME`).
         version: an int; default one more than the largest existing.
+        examples: optional list of source sentences (str), e.g. held-out
+            ones, written to `assets.extra/examples.json` for a server's
+            playground to offer.
 
     Returns: the path of the new version directory.
     """
@@ -78,6 +86,9 @@ def export_translator(translator, output_dir="saved_models", name="transformer",
         os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
         with open(os.path.join(tmp, METADATA_FILE), "w", encoding="utf-8") as f:
             f.write(metadata_json(translator))
+        if examples is not None:
+            with open(os.path.join(tmp, EXAMPLES_FILE), "w", encoding="utf-8") as f:
+                json.dump([str(e) for e in examples], f, ensure_ascii=False, indent=0)
         os.rename(tmp, final)  # fails if another export took this version
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -89,6 +100,16 @@ def read_metadata(path):
     """`assets.extra/translator.json` of an exported version directory."""
     with open(os.path.join(path, METADATA_FILE), encoding="utf-8") as f:
         return json.load(f)
+
+
+def read_examples(path):
+    """The example sentences of an exported version directory (`[]` if it
+    has none)."""
+    try:
+        with open(os.path.join(path, EXAMPLES_FILE), encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return []
 
 
 def resolve_version(path):
@@ -177,6 +198,21 @@ class SavedModelTranslator:
             lambda batch: serve(text=batch, temperature=temperature, top_k=top_k,
                                 top_p=top_p, seed=seed, extra_length=extra_length),
             sentences, batch_size)
+
+    def explain(self, sentences, beam_size=None, alpha=None, extra_length=None,
+                batch_size=32):
+        """As `Translator.explain` (defaults: the export's), through the
+        `translate_explain` signature."""
+        m = self.metadata
+        serve = self._signature("translate_explain")
+        options = dict(
+            beam_size=tf.constant(m["beam_size"] if beam_size is None else beam_size,
+                                  tf.int32),
+            alpha=tf.constant(m["alpha"] if alpha is None else alpha, tf.float32),
+            extra_length=tf.constant(m["extra_length"] if extra_length is None
+                                     else extra_length, tf.int32))
+        return explain_in_batches(lambda batch: serve(text=batch, **options), sentences,
+                                  batch_size)
 
     def _signature(self, name):
         """The loaded signature `name`; a clear error for an export that

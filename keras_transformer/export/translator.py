@@ -129,6 +129,13 @@ class Translator(tf.Module):
       seed=[seed, hash])` per sentence, `hash` the sentence's
       `tf.strings.to_hash_bucket_fast(text, 2**62)`: no random state, so
       the same request gives the same samples, concurrently or not.
+    - `serve_explain(text, beam_size, alpha, extra_length) -> {"translation",
+      "score", "source_pieces" [batch, S] string, "target_pieces" [batch, T]
+      string, "token_log_probs" [batch, T] float32, "alignment" [batch, T, S]
+      float32, "source_length" [batch] int32, "target_length" [batch]
+      int32}`: `serve_with_options`'s translation (the same search, so the
+      same translation and score), explained by one teacher-forced pass of
+      the model over it (see `explain`).
 
     Options outside their ranges (`beam_size` < 1 or above half the target
     vocabulary, `n` outside `[1, beam_size]`, `temperature` < 0, `top_k` <
@@ -206,6 +213,14 @@ class Translator(tf.Module):
                                     "int64, extra_length int32 -> translation [batch] "
                                     "string, score [batch] float32 (untempered log P); "
                                     "same seed and text, same sample",
+                "translate_explain": "text [batch] string, beam_size int32, alpha float32, "
+                                     "extra_length int32 -> translation, score (as "
+                                     "translate_with_options), source_pieces [batch, S] "
+                                     "string, target_pieces [batch, T] string, "
+                                     "token_log_probs [batch, T] float32, alignment "
+                                     "[batch, T, S] float32 (last decoder layer's "
+                                     "cross-attention, mean over heads), source_length, "
+                                     "target_length [batch] int32",
             },
         }
 
@@ -333,6 +348,71 @@ class Translator(tf.Module):
         ids, score = self._cleaned(sequences, scores, is_empty)
         return {"translation": self._detokenize(ids), "score": score}
 
+    @tf.function(input_signature=[TEXT_SPEC, BEAM_SIZE_SPEC, ALPHA_SPEC, EXTRA_LENGTH_SPEC],
+                 autograph=False)
+    def serve_explain(self, text, beam_size, alpha, extra_length):
+        beam_size = _checked_beam_size(beam_size, self.config.output_vocab_size)
+        _, tokens = self._tokens(text)
+        source_ids, lengths, is_empty = self._source_ids(tokens)
+        sequences, scores = beam_search_translate(
+            self.model, source_ids, beam_size, alpha, tf.maximum(extra_length, 0),
+            source_length=lengths)
+        best = sequences[:, 0]
+        ids, score = self._best(sequences, scores, is_empty)
+        explained = self._explain(source_ids, lengths, best, is_empty)
+        return {"translation": self._detokenize(ids), "score": score, **explained}
+
+    def _explain(self, source_ids, source_length, best, is_empty):
+        """One teacher-forced pass over the best hypotheses `best` `[batch,
+        len]` (as the search wrote them: eos, then pad): each target
+        piece's log-probability and the last decoder layer's cross-attention
+        while predicting it, mean over heads (paper 3.2.3: the
+        encoder-decoder attention; the last layer's is the one nearest the
+        output). The target is the hypothesis up to its first eos, eos
+        included, or up to its last non-pad token when the length limit cut
+        it; an empty sentence's is empty. Padding: "" pieces, 0.0."""
+        config = self.config
+        model = self.model
+        positions = tf.range(tf.shape(best)[1])[None]
+        is_eos = tf.equal(best, config.eos_id)
+        has_eos = tf.reduce_any(is_eos, axis=1)
+        first_eos = tf.argmax(tf.cast(is_eos, tf.int32), axis=1, output_type=tf.int32)
+        last_token = tf.reduce_max(
+            tf.where(tf.not_equal(best, config.pad_id), positions + 1, 0), axis=1)
+        target_length = tf.where(has_eos, first_eos + 1, last_token)
+        target_length = tf.where(is_empty, 0, target_length)
+        width = tf.maximum(tf.reduce_max(target_length), 1)
+        target = best[:, :width]
+        target_mask = positions[:, :width] < target_length[:, None]
+        target = tf.where(target_mask, target, config.pad_id)
+        inputs = tf.concat([tf.fill([tf.shape(best)[0], 1], config.bos_id), target[:, :-1]],
+                           axis=1)
+        memory, memory_mask = model.encode(source_ids, training=False)
+        logits, weights = model.decode(inputs, memory, memory_mask, training=False,
+                                       return_attention_weights=True)
+        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
+        token_log_probs = tf.gather(log_probs, target, axis=2, batch_dims=2)
+        token_log_probs = tf.where(target_mask, token_log_probs, 0.0)
+        source_mask = tf.range(tf.shape(source_ids)[1])[None] < source_length[:, None]
+        alignment = tf.reduce_mean(tf.cast(weights[-1][1], tf.float32), axis=1)
+        alignment = tf.where(target_mask[:, :, None] & source_mask[:, None, :], alignment, 0.0)
+        return {
+            "source_pieces": self._pieces(self.tokenizer, source_ids, source_mask),
+            "target_pieces": self._pieces(self.target_pieces, target, target_mask),
+            "token_log_probs": token_log_probs,
+            "alignment": alignment,
+            "source_length": source_length,
+            "target_length": target_length,
+        }
+
+    @staticmethod
+    def _pieces(tokenizer, ids, mask):
+        """SentencePiece pieces of `ids` where `mask`, else ""; ids past the
+        tokenizer's vocabulary (rows a model may have beyond it) show as its
+        unk piece."""
+        ids = tf.where(mask & (ids < tokenizer.vocab_size), ids, tokenizer.unk_id)
+        return tf.where(mask, tokenizer.id_to_piece(ids), "")
+
     def _sentence_noise(self, text, seed):
         """Uniforms `[batch, config.max_length]` float32 for sampling, row
         `b` from `stateless_uniform(seed=[seed, hash(text[b])])`: a
@@ -359,6 +439,7 @@ class Translator(tf.Module):
             "translate_xla": self.serve_xla,
             "translate_nbest": self.serve_nbest,
             "translate_sample": self.serve_sample,
+            "translate_explain": self.serve_explain,
         }
 
     # In-process use --------------------------------------------------------
@@ -459,6 +540,34 @@ class Translator(tf.Module):
                                             tf.constant(extra_length, tf.int32)),
             sentences, batch_size)
 
+    def explain(self, sentences, beam_size=None, alpha=None, extra_length=None,
+                batch_size=32):
+        """Translates and explains each sentence (`serve_explain`, graph
+        mode), with `translate`'s input rules.
+
+        Args:
+            sentences: list of `str` (or bytes).
+            beam_size, alpha, extra_length: None for the defaults.
+            batch_size: sentences per call.
+
+        Returns: a list, per sentence, of dicts (see `explain_in_batches`):
+        `translation` and `score` are `translate`'s with the same options.
+        """
+        options = self._search_options(beam_size, alpha, extra_length)
+        return explain_in_batches(lambda batch: self.serve_explain(batch, *options),
+                                  sentences, batch_size)
+
+    def _search_options(self, beam_size, alpha, extra_length):
+        """`(beam_size, alpha, extra_length)` as the tensors the serving
+        functions take, None meaning the default, after the Python-side
+        checks."""
+        beam_size = self.beam_size if beam_size is None else beam_size
+        extra_length = self.extra_length if extra_length is None else extra_length
+        _check_search_options(beam_size, extra_length, self.config.output_vocab_size)
+        return (tf.constant(beam_size, tf.int32),
+                tf.constant(self.alpha if alpha is None else alpha, tf.float32),
+                tf.constant(extra_length, tf.int32))
+
     def _xla_search(self, beam_size, alpha, extra_length):
         """An XLA-compiled `(source_ids, lengths) -> (sequences, scores)`,
         one per set of search options (they fix shapes, so they are Python
@@ -519,6 +628,29 @@ def translate_in_batches(run, sentences, batch_size=32):
         (t.decode("utf-8") for t in out["translation"].numpy()),
         (float(s) for s in out["score"].numpy())))
     return [t for t, _ in results], [s for _, s in results]
+
+
+def explain_in_batches(run, sentences, batch_size=32):
+    """Calls `run(tf.constant(batch of strings))` -> `serve_explain`'s
+    outputs on length-sorted batches and returns, in the input order, one
+    dict per sentence, trimmed to its own lengths: `translation` (str),
+    `score` (float), `source_pieces` (S str, eos last), `target_pieces` (T
+    str), `token_log_probs` (T floats), `alignment` (T lists of S floats,
+    row t the attention over the source while predicting target piece t)."""
+    def unpack(out):
+        out = {key: value.numpy() for key, value in out.items()}
+        for b in range(len(out["translation"])):
+            s, t = int(out["source_length"][b]), int(out["target_length"][b])
+            yield {
+                "translation": out["translation"][b].decode("utf-8"),
+                "score": float(out["score"][b]),
+                "source_pieces": [p.decode("utf-8") for p in out["source_pieces"][b, :s]],
+                "target_pieces": [p.decode("utf-8") for p in out["target_pieces"][b, :t]],
+                "token_log_probs": out["token_log_probs"][b, :t].tolist(),
+                "alignment": out["alignment"][b, :t, :s].tolist(),
+            }
+
+    return _in_batches(run, sentences, batch_size, unpack)
 
 
 def nbest_in_batches(run, sentences, batch_size=32):

@@ -1,0 +1,175 @@
+"""A tiny exported translator and `kt-serve` run as a subprocess, for the
+serving benchmark (`serve_load`) and the serving tests (which import it
+through tests/support/serving_model.py).
+
+    path = export_tiny_model(tmp_path / "saved_models")   # .../tiny/1
+    process, url = start_server(["--model-name", "tiny",
+                                 "--model-base-path", os.path.dirname(path)])
+    try:
+        ...  # requests to url + "/v1/models/tiny:predict"
+    finally:
+        stop_server(process)
+"""
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The CPU only, TensorFlow's info and warning lines off.
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+# The tiny model's vocabulary is trained on this many pairs of the built-in
+# corpus (both sides).
+VOCABULARY_PAIRS = 400
+
+MAX_LENGTH = 20
+# The line kt-serve prints to stdout once it listens.
+READY = re.compile(r"kt-serve: serving (?P<name>\S+) version (?P<version>\d+) at "
+                   r"(?P<url>http://\S+)")
+
+
+def export_tiny_model(directory, name="tiny", version=None, examples=None, seed=20261126):
+    """Builds a tiny random translator (the `tiny` preset, max_length 20;
+    one SentencePiece vocabulary of 400 pieces trained on both sides of
+    `VOCABULARY_PAIRS` pairs of the built-in corpus; beam 3, alpha 0.6,
+    extra length 4) from `seed` and exports it.
+
+    Args:
+        directory: the export's output directory (the model lands in
+            `<directory>/<name>/<version>/`).
+        name, version, examples: as `export_translator`'s.
+        seed: the weights' seed; another seed gives another model.
+
+    Returns: the version directory's path (str).
+    """
+    from keras_transformer.export import export_translator
+
+    translator, _ = _tiny_translator(seed)
+    return export_translator(translator, str(directory), name=name, version=version,
+                             examples=examples)
+
+
+def export_tiny_versions(directory, seeds, name="tiny", examples=None):
+    """Exports versions 1, 2, ... of `<directory>/<name>/`, one per seed:
+    each the model `export_tiny_model` builds from that seed. Faster than
+    `export_tiny_model` per seed: one translator is traced once and
+    exported with each seed's weights in turn.
+
+    Returns: the version directories' paths (str), in the order of `seeds`.
+    """
+    import keras
+
+    import keras_transformer as kt
+    from keras_transformer.export import export_translator
+
+    translator, model = _tiny_translator(seeds[0])
+    paths = []
+    for i, seed in enumerate(seeds):
+        if i:
+            keras.utils.set_random_seed(seed)
+            fresh = kt.Transformer(model.config)
+            fresh.build()
+            model.set_weights(fresh.get_weights())
+        paths.append(export_translator(translator, str(directory), name=name,
+                                       version=i + 1, examples=examples))
+    return paths
+
+
+def _tiny_translator(seed):
+    """`(Translator, its model)` as `export_tiny_model` describes."""
+    import keras
+
+    import keras_transformer as kt
+    from keras_transformer.data.synthetic import generate_corpus
+    from keras_transformer.export import Translator
+    from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
+
+    # Seeded before the tokenizer exists: seeding destroys eager tf-text
+    # resources.
+    keras.utils.set_random_seed(seed)
+    sources, targets = generate_corpus(num_train=VOCABULARY_PAIRS, num_val=0,
+                                       num_test=0)["train"]
+    tokenizer = SubwordTokenizer(train_sentencepiece(sources + targets, vocab_size=400))
+    config = kt.get_config("tiny", vocab_size=tokenizer.vocab_size, dropout=0.0,
+                           max_length=MAX_LENGTH)
+    model = kt.Transformer(config)
+    model.build()
+    return Translator(model, tokenizer, beam_size=3, alpha=0.6, extra_length=4), model
+
+
+def _command():
+    """kt-serve beside this Python (the console script), else the module."""
+    script = os.path.join(os.path.dirname(sys.executable), "kt-serve")
+    if os.path.exists(script):
+        return [script]
+    return [sys.executable, "-m", "keras_transformer.cli.serve"]
+
+
+def start_server(argv, timeout=120):
+    """Starts `kt-serve <argv> --rest-api-port 0` (CPU only, TensorFlow's
+    info lines off) and waits for its ready line.
+
+    Returns: `(process, base_url)`, e.g. `(Popen, "http://127.0.0.1:40123")`.
+    `process.stderr_path` is a file holding the server's stderr until
+    `stop_server`, which removes it and keeps its text in
+    `process.stderr_text`.
+
+    Raises: `RuntimeError` with the server's stderr if it exits or stays
+    silent for `timeout` seconds.
+    """
+    with tempfile.NamedTemporaryFile(prefix="kt-serve-", suffix=".log",
+                                     delete=False) as stderr:
+        process = subprocess.Popen(
+            _command() + list(argv) + ["--rest-api-port", "0"], cwd=ROOT, env=ENV,
+            stdout=subprocess.PIPE, stderr=stderr, text=True)
+    process.stderr_path = stderr.name
+    lines = queue.Queue()
+
+    def read():
+        # Drains stdout for the life of the process, so the server never
+        # blocks on a full pipe.
+        for line in process.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            line = None
+        if line is not None:
+            match = READY.search(line)
+            if match:
+                return process, match.group("url")
+            continue
+        stop_server(process)
+        raise RuntimeError(f"kt-serve {' '.join(argv)} did not become ready within "
+                           f"{timeout} s (exit status {process.returncode}):\n"
+                           f"{process.stderr_text[-4000:]}")
+
+
+def stop_server(process, timeout=15):
+    """Stops a server `start_server` started: SIGTERM (uvicorn's graceful
+    shutdown), SIGKILL after `timeout` seconds. Moves its stderr from the
+    file into `process.stderr_text`. Returns the exit status."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    path = getattr(process, "stderr_path", None)
+    if path is not None and os.path.exists(path):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            process.stderr_text = f.read()
+        os.remove(path)
+    return process.returncode
