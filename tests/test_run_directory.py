@@ -284,7 +284,7 @@ def test_kt_average_from_best_and_kt_export_say_what_they_use(tmp_path, tiny_con
     monkeypatch.setattr(export_package, "translator_from_run_directory",
                         lambda run, checkpoint, **options: loaded.append(checkpoint))
     monkeypatch.setattr(export_package, "export_translator",
-                        lambda translator, output_dir, name, version: "saved/run/1")
+                        lambda translator, output_dir, name, version, examples: "saved/run/1")
     assert export.main(["--run-dir", run.path, "--checkpoint", "best"]) == 0
     captured = capsys.readouterr()
     assert captured.out == "saved/run/1\n"
