@@ -27,8 +27,12 @@ SUBCOMMANDS = {
     "fast-paths": ("fast_paths", "what each TensorFlow-only fast path gains on a "
                                  "training step"),
     "serve-load": ("serve_load", "kt-serve under load and faults, batching on and off"),
+    "search-quality": ("search_quality", "beam search vs exhaustive search, and Model Garden's"),
     "jax": ("jax_benchmark", "training and search speed with KERAS_BACKEND=jax, "
                              "no TensorFlow"),
+    "ctranslate2": ("ctranslate2_speed", "the SavedModel beside CTranslate2 (float32, int8) "
+                                         "on the same weights: throughput, latency"),
+    "ctranslate2-bleu": ("ctranslate2_bleu", "BLEU of CTranslate2 exports vs the package's search"),
 }
 # Subcommands that must not import TensorFlow.
 WITHOUT_TENSORFLOW = {"jax"}

@@ -54,3 +54,19 @@ def record(command=None):
     """The provenance fields of a result file."""
     return {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu(), "commit": commit(),
             "command": command or " ".join(sys.argv)}
+
+
+def cpu_kind(cpu_fields):
+    """The results files' CPU prefix: "avx512" or "avx2" by the widest
+    vector instructions of `cpu()`'s fields (a Zen 3 AVX2 host is written
+    "zen3-avx2" by hand)."""
+    flags = set(cpu_fields["flags"])
+    return "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "cpu"
+
+
+def result_path(fields, kind):
+    """`benchmarks/results/<cpu kind>_<date>_<commit>_<kind>.json` for a
+    result whose provenance is `fields` (`record()`)."""
+    return os.path.join(ROOT, "benchmarks", "results",
+                        f"{cpu_kind(fields['cpu'])}_{time.strftime('%Y-%m-%d')}_"
+                        f"{fields['commit'].split('+')[0]}_{kind}.json")

@@ -960,12 +960,6 @@ def scenario(server, versions, publish, clients=16, count=300, seed=0):
 # The benchmark
 
 
-def cpu_kind(cpu):
-    """The results files' CPU prefix: "avx512" or "avx2" by the widest
-    vector instructions (a Zen 3 AVX2 host is written "zen3-avx2" by hand)."""
-    flags = set(cpu["flags"])
-    return "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "cpu"
-
 
 def _summary_line(label, f):
     return (f"  {label:30s} {f['requests']:5d} requests in {f['seconds']:6.1f} s: "
@@ -1099,10 +1093,7 @@ def main(argv=None):
         ratio = report["batching_over_plain_requests_per_s"]
         print(f"batching / plain requests/s: median {ratio['median']:.3f} "
               f"(rounds {', '.join(f'{x:.3f}' for x in ratio['rounds'])})")
-    path = args.json or os.path.join(
-        ROOT, "benchmarks", "results",
-        f"{cpu_kind(record['cpu'])}_{time.strftime('%Y-%m-%d')}_"
-        f"{record['commit'].split('+')[0]}_serve-load.json")
+    path = args.json or provenance.result_path(record, "serve-load")
     with open(path, "w") as f:
         json.dump(report, f, indent=2)
     print(f"wrote {path}")

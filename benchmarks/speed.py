@@ -287,7 +287,15 @@ LATENCY_SOURCE_TOKENS = TRANSLATE_SHAPE["source_length"]
 def latency_tokenizer_and_sentence(vocab_size):
     """A shared vocabulary of (up to) `vocab_size` pieces and a source
     sentence of about `LATENCY_SOURCE_TOKENS` tokens (eos included), as in
-    the throughput shape. The vocabulary size sets the cost of the output
+    the throughput shape (see `bench_tokenizer_and_sentences`)."""
+    tokenizer, sentences = bench_tokenizer_and_sentences(vocab_size, 1)
+    return tokenizer, sentences[0]
+
+
+def bench_tokenizer_and_sentences(vocab_size, count):
+    """A shared vocabulary of (up to) `vocab_size` pieces and the `count`
+    test sentences whose length is nearest `LATENCY_SOURCE_TOKENS` tokens
+    (eos included). The vocabulary size sets the cost of the output
     projection and of the beam's top-k over `beam * vocab` candidates, so it
     is trained on Multi30k (`../shared/data/multi30k`, real text that
     reaches 8,192 pieces) when present, else on the built-in corpus (whose
@@ -310,8 +318,8 @@ def latency_tokenizer_and_sentence(vocab_size):
         candidates = corpus["test"][0]
     tokenizer = SubwordTokenizer(train_sentencepiece(train, vocab_size=vocab_size))
     lengths = tokenizer.tokenize(tf.constant(candidates)).row_lengths().numpy() + 1  # + eos
-    best = int(np.argmin(np.abs(lengths - LATENCY_SOURCE_TOKENS)))
-    return tokenizer, candidates[best]
+    nearest = np.argsort(np.abs(lengths - LATENCY_SOURCE_TOKENS), kind="stable")[:count]
+    return tokenizer, [candidates[int(i)] for i in nearest]
 
 
 def _proc_status_mb(field):

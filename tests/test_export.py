@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import keras_transformer as kt
-from keras_transformer.decoding import beam_search_translate
+from keras_transformer.decoding import beam_search_translate, greedy_translate
 from keras_transformer.export import Translator, export_translator
 from keras_transformer.export.saved_model import read_metadata, versions
 from keras_transformer.export.translator import sanitize_utf8
@@ -239,7 +239,13 @@ def exported(tmp_path_factory):
         "sample_in_ones": translator.sample(SENTENCES + BAD, batch_size=1, **SAMPLING),
         "sample_other_seed": translator.sample(SENTENCES + BAD, **dict(SAMPLING, seed=6)),
         "sample_greedy": translator.sample(SENTENCES, temperature=0.0),
-        "greedy": translator.translate(SENTENCES, beam_size=1, alpha=0.0),
+        # Greedy search one sentence at a time: its limit is the sentence's
+        # own, as the translator's per-sentence limits make it.
+        "greedy": [
+            (sanitize_utf8(target.detokenize(np.asarray(ids))).numpy()[0].decode("utf-8"),
+             float(np.asarray(score)[0]))
+            for ids, score in (greedy_translate(model, np.array([row], "int32"), 4)
+                               for row in rows)],
         "explain": translator.explain(SENTENCES + BAD),
         "explain_beam_1": translator.explain(SENTENCES, beam_size=1, alpha=0.0),
         "greedy_options": translator.translate(SENTENCES, beam_size=1, alpha=0.0),
@@ -494,10 +500,9 @@ def test_samples_are_reproducible_per_seed_and_sentence(exported, fresh):
 
 
 def test_temperature_zero_samples_the_greedy_translation(exported):
-    # Beam 1 with alpha 0 is greedy search, and its score log P, as a
-    # sample's.
-    assert exported["sample_greedy"][0] == exported["greedy"][0]
-    np.testing.assert_allclose(exported["sample_greedy"][1], exported["greedy"][1],
+    # The Python API's greedy search, whose score is log P, as a sample's.
+    assert exported["sample_greedy"][0] == [t for t, _ in exported["greedy"]]
+    np.testing.assert_allclose(exported["sample_greedy"][1], [s for _, s in exported["greedy"]],
                                rtol=1e-5, atol=1e-5)
 
 
@@ -513,7 +518,7 @@ def test_the_explainable_signature_translates_as_serving_default(exported, fresh
     np.testing.assert_allclose([e["score"] for e in exported["explain"]], scores,
                                rtol=1e-5, atol=1e-5)
     assert fresh["explain_empty_batch"][0] == 0
-    # The options reach the search: beam 1, alpha 0 is greedy search.
+    # The options reach the search: beam 1, alpha 0 as translate's.
     assert [e["translation"] for e in exported["explain_beam_1"]] == \
         exported["greedy_options"][0]
 
@@ -527,8 +532,10 @@ def test_an_explanation_accounts_for_its_translation(exported, fresh):
             continue
         assert e["source_pieces"][-1] == "</s>" and "</s>" not in e["source_pieces"][:-1]
         assert s <= MAX_LENGTH
-        # Ended by eos, or cut at the sentence's length limit.
-        assert e["target_pieces"][-1] == "</s>" or t == min(s + limit_extra, MAX_LENGTH)
+        # Ended by eos, forced there when the hypothesis reached the
+        # sentence's length limit.
+        assert e["target_pieces"][-1] == "</s>" and "</s>" not in e["target_pieces"][:-1]
+        assert t <= min(s + limit_extra, MAX_LENGTH)
         # Detokenized, the pieces are the translation.
         text = "".join(p for p in e["target_pieces"] if p != "</s>").replace("\u2581", " ")
         assert len(text.strip()) > 0

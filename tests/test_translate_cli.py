@@ -220,13 +220,14 @@ def test_sampling_with_a_seed_is_reproducible_across_processes(exported_run):
     translate.translate(["--saved-model", exported] + options[:4] + ["4"] + options[5:],
                         stdout=other)
     assert other.getvalue() != runs[0].stdout
-    # Temperature 0 samples the greedy translation: beam 1, alpha 0.
+    # Temperature 0 samples the greedy translation, the same from the export
+    # and from the run directory.
     greedy, _ = translate.translate(["--saved-model", exported, "--input", str(source),
                                      "--sampling", "--temperature", "0"], stdout=io.StringIO())
-    beam_one, _ = translate.translate(["--saved-model", exported, "--input", str(source),
-                                       "--beam-size", "1", "--alpha", "0"],
-                                      stdout=io.StringIO())
-    assert greedy == beam_one
+    from_run, _ = translate.translate(["--run-dir", run.path, "--input", str(source),
+                                       "--sampling", "--temperature", "0", "--extra-length",
+                                       "3"], stdout=io.StringIO())
+    assert greedy == from_run
 
 
 @pytest.mark.parametrize("flags, message", [

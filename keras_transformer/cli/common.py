@@ -11,27 +11,35 @@ import sys
 from keras_transformer import startup
 
 
-def translation_parser(prog, description):
+def translation_parser(prog, description, ctranslate2=False):
     """The parser of a command that translates with a trained model or a
     SavedModel (kt-translate, kt-evaluate): model and decoding arguments,
-    decoding defaults from the model, start-up flags."""
+    decoding defaults from the model, start-up flags; `ctranslate2`: also
+    `--ctranslate2-model` (see `add_model_arguments`)."""
     parser = argparse.ArgumentParser(
         prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    add_model_arguments(parser)
+    add_model_arguments(parser, ctranslate2=ctranslate2)
     add_decoding_arguments(parser, defaults_from_model=True)
     startup.add_arguments(parser)
     return parser
 
 
-def add_model_arguments(parser, saved_model=True):
-    """`--run-dir`/`--checkpoint` (and `--saved-model`) to choose a model."""
+def add_model_arguments(parser, saved_model=True, ctranslate2=False):
+    """`--run-dir`/`--checkpoint` (and `--saved-model`, and
+    `--ctranslate2-model`) to choose a model, exactly one of them."""
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run-dir", help="a run directory (config.json, vocabulary, "
                         "checkpoints/; --checkpoint chooses which weights)")
     if saved_model:
         source.add_argument("--saved-model", help="an exported SavedModel: "
                             "saved_models/<name>/<version>, or saved_models/<name> (newest)")
+    if ctranslate2:
+        source.add_argument("--ctranslate2-model", metavar="DIR",
+                            help="translate with CTranslate2's engine from a directory "
+                            "that kt-export --format ctranslate2 wrote (needs the "
+                            "ctranslate2 package; --alpha is then its length penalty, "
+                            "log P / length**alpha)")
     parser.add_argument("--checkpoint", help=CHECKPOINT_HELP)
 
 

@@ -15,12 +15,29 @@ describes them. It needs only TensorFlow and tensorflow-text to load.
 `--examples FILE` stores example source sentences in it, which kt-serve's
 playground offers.
 
+--format ctranslate2 writes a CTranslate2 model directory instead, for
+CTranslate2's CPU engine (needs `pip install ctranslate2`; see
+"CTranslate2" in docs/decoding-and-serving.md):
+
+    kt-export --run-dir runs/base --name de_en --format ctranslate2 \\
+        --quantization int8
+    # -> saved_models/de_en_ct2/  (the model, its vocabularies, the
+    #    SentencePiece model(s), keras_transformer.json; written to a
+    #    temporary directory and renamed, replacing an older one)
+    kt-translate --ctranslate2-model saved_models/de_en_ct2 --input test.de
+
+--quantization is float32 (default, exact), int8 or int8_float32 (int8
+weights). --beam-size, --alpha and --extra-length become the directory's
+search defaults; --alpha there is CTranslate2's length penalty
+(log P / length ** alpha).
+
 --checkpoint chooses the weights: auto (the default: averaged/ unless training
 went on after averaging, else the best validated checkpoint in best/, else the
 latest training checkpoint), last, best, averaged, best:K or last:K (average
 the best or last K now into averaged/), or a checkpoint prefix. The command
 prints `Exporting <checkpoint>: <why>` to stderr, and the SavedModel's path
-as the last (only) line of stdout.
+as the last (only) line of stdout (the CTranslate2 directory's with --format
+ctranslate2).
 """
 
 import argparse
@@ -38,9 +55,12 @@ from keras_transformer.cli.common import (
 
 # Example sentences kept from --examples.
 MAX_EXAMPLES = 50
+FORMATS = ("saved_model", "ctranslate2")
 
 
 def build_parser():
+    from keras_transformer.export.ctranslate2 import QUANTIZATIONS
+
     parser = argparse.ArgumentParser(
         prog="kt-export", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -57,12 +77,38 @@ def build_parser():
                         help="a text file of source sentences, one per line (the first "
                         f"{MAX_EXAMPLES}, blank lines skipped), stored in the SavedModel's "
                         "assets.extra/examples.json for kt-serve's playground to offer")
+    parser.add_argument("--format", choices=FORMATS, default="saved_model",
+                        help="saved_model (default): <output-dir>/<name>/<version>/ for TF "
+                        "Serving; ctranslate2: a CTranslate2 model directory, "
+                        "<output-dir>/<name>_ct2/ (replaced if present)")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
+                        help="with --format ctranslate2: the weights' type: float32 "
+                        "(default; the same translations as the model), int8 or "
+                        "int8_float32 (int8 weights, one scale per row; float32 for the rest)")
     startup.add_arguments(parser)
     return parser
 
 
+def check_arguments(parser, args):
+    """`parser.error` (exit status 2, naming the flag) for flags that do not
+    apply to the chosen --format."""
+    from keras_transformer.export.ctranslate2 import import_ctranslate2
+
+    if args.format == "ctranslate2":
+        for flag, value in (("--version", args.version), ("--examples", args.examples)):
+            if value is not None:
+                parser.error(f"{flag} applies to --format saved_model, not ctranslate2")
+        try:
+            import_ctranslate2()
+        except ImportError as e:
+            parser.error(str(e))
+    elif args.quantization is not None:
+        parser.error("--quantization applies to --format ctranslate2")
+
+
 def export(argv=None):
-    """kt-export as a function: prints the SavedModel's path.
+    """kt-export as a function: prints the SavedModel's path (with --format
+    ctranslate2, the CTranslate2 directory's).
 
     Returns: that path.
     """
@@ -70,17 +116,30 @@ def export(argv=None):
 
     from keras_transformer.run_directory import RunDirectory
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_arguments(parser, args)
     run = RunDirectory(args.run_dir)
     # Resolved once: "best:K" / "last:K" average as a side effect.
     prefix, reason = run.resolve_checkpoint(args.checkpoint)
     # stderr: stdout is the SavedModel's path alone, for scripts.
     print(f"Exporting {reason}", file=sys.stderr, flush=True)
+    name = args.name or os.path.basename(os.path.normpath(args.run_dir))
+    if args.format == "ctranslate2":
+        from keras_transformer.export.ctranslate2 import export_ctranslate2
+
+        model = run.load_model(prefix, quiet=True)
+        source, target = run.load_tokenizers()
+        path = export_ctranslate2(
+            model, source, target, os.path.join(args.output_dir, f"{name}_ct2"),
+            quantization=args.quantization or "float32", beam_size=args.beam_size,
+            alpha=args.alpha, extra_length=args.extra_length)
+        print(path)
+        return path
     translator = translator_from_run_directory(
         run, prefix, beam_size=args.beam_size, alpha=args.alpha,
         extra_length=args.extra_length,
     )
-    name = args.name or os.path.basename(os.path.normpath(args.run_dir))
     examples = None
     if args.examples:
         examples = [line.decode("utf-8", "replace").strip()

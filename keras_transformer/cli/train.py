@@ -727,7 +727,7 @@ def _translation_fn(model, source_tokenizer, target_tokenizer, search):
     translator = Translator(model, source_tokenizer, target_tokenizer=(
         None if target_tokenizer is source_tokenizer else target_tokenizer))
     if search == "greedy":
-        return lambda sentences: translator.translate(sentences, beam_size=1, alpha=0.0)[0]
+        return lambda sentences: translator.sample(sentences, temperature=0.0)[0]
     return lambda sentences: translator.translate(sentences)[0]
 
 

@@ -26,6 +26,24 @@ only on the seed and its text, so the same command gives the same output;
 
 --n-best and --sampling run the search without XLA (--xla applies to the
 1-best beam search).
+
+--ctranslate2-model DIR translates with CTranslate2's engine instead, from a
+directory that `kt-export --format ctranslate2` wrote (the `ctranslate2`
+package needed; --xla does not apply):
+
+    kt-translate --ctranslate2-model saved_models/de_en_ct2 --input test.de \\
+        --beam-size 4 --alpha 0.6 > test.hyp
+
+The same flags and input rules, with the same per-sentence length limit
+(source tokens + 1 + --extra-length, at most the model's max_length,
+eos included). Defaults: the export's --beam-size, --alpha and
+--extra-length. --alpha is CTranslate2's length penalty: scores are
+log P / length ** alpha (length with eos), not the GNMT penalty above
+(at --alpha 0 both are log P). --beam-size 1 is the same greedy search as
+the other engines' --sampling --temperature 0. --compute-type
+(default: as exported) and --threads choose how CTranslate2 runs. Samples
+are reproducible for the same input and --batch-size, but depend on the
+batch a sentence is in.
 """
 
 import sys
@@ -44,7 +62,7 @@ SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": 0}
 
 
 def build_parser():
-    parser = translation_parser("kt-translate", __doc__)
+    parser = translation_parser("kt-translate", __doc__, ctranslate2=True)
     parser.add_argument("--input", default="-", help="source file, one sentence per line "
                         "(.gz ok; default: stdin)")
     parser.add_argument("--output", default="-", help="where to write (default: stdout)")
@@ -69,6 +87,13 @@ def build_parser():
                        "holding this probability, in (0, 1] (default: 1, all)")
     group.add_argument("--seed", type=int, default=None,
                        help="with --sampling: the random seed (default: 0)")
+    group = parser.add_argument_group("CTranslate2 (with --ctranslate2-model)")
+    group.add_argument("--compute-type", default=None,
+                       choices=("default", "float32", "int8", "int8_float32"),
+                       help="the type CTranslate2 computes in (default: the export's "
+                       "weights' type; int8 on a float32 export quantizes as it loads)")
+    group.add_argument("--threads", type=int, default=None,
+                       help="CTranslate2's threads for the search (default: its own choice)")
     return parser
 
 
@@ -77,6 +102,12 @@ def check_arguments(parser, args):
     combinations that cannot work."""
     if args.batch_size < 1:
         parser.error("--batch-size must be at least 1")
+    if args.ctranslate2_model is None:
+        for name in ("compute_type", "threads"):
+            if getattr(args, name) is not None:
+                parser.error(f"--{name.replace('_', '-')} needs --ctranslate2-model")
+    elif args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1, received {args.threads}")
     if args.n_best is not None:
         if args.n_best < 1:
             parser.error("--n-best must be at least 1")
@@ -116,7 +147,13 @@ def translate(argv=None, stdout=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     check_arguments(parser, args)
-    translator = open_from_args(args)
+    if args.ctranslate2_model is not None:
+        translator = open_ctranslate2(parser, args)
+        search_options = dict(beam_size=args.beam_size, alpha=args.alpha,
+                              extra_length=args.extra_length)
+    else:
+        translator = open_from_args(args)
+        search_options = None
     sentences = read_lines(args.input)
     if args.n_best is not None:
         result = translator.translate_nbest(
@@ -132,7 +169,7 @@ def translate(argv=None, stdout=None):
                                        batch_size=args.batch_size, **options)
         else:
             result = translator.translate(sentences, batch_size=args.batch_size,
-                                          **decoding_options(args, translator))
+                                          **(search_options or decoding_options(args, translator)))
         lines = [f"{s:.4f}\t{one_line(t)}" if args.scores else one_line(t)
                  for t, s in zip(*result)]
     text = "".join(line + "\n" for line in lines)
@@ -142,6 +179,20 @@ def translate(argv=None, stdout=None):
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(text)
     return result
+
+
+def open_ctranslate2(parser, args):
+    """The `CTranslate2Translator` of --ctranslate2-model; `parser.error`
+    without the ctranslate2 package."""
+    from keras_transformer.export.ctranslate2 import CTranslate2Translator, import_ctranslate2
+
+    try:
+        import_ctranslate2()
+    except ImportError as e:
+        parser.error(str(e))
+    return CTranslate2Translator(args.ctranslate2_model,
+                                 compute_type=args.compute_type or "default",
+                                 intra_threads=args.threads or 0)
 
 
 def main(argv=None):

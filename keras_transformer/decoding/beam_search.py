@@ -7,27 +7,42 @@ model takes them as inputs).
 
 The algorithm (after T2T, Model Garden's `ops/beam_search.py` and fairseq):
 
+- The search space is every sequence that ends in eos and has at most
+  `limit` tokens, eos included (`length_limit`, per sentence, default
+  `max_decode_length`): the space an exhaustive search would rank. Each
+  hypothesis is scored with the GNMT length penalty, `log P / ((5 + length)
+  / 6) ** alpha`, `log P` including the eos.
 - Two sets per sentence, `beam_size` each: *alive* hypotheses, still being
-  extended, and *finished* ones, which have produced eos, scored with the
-  GNMT length penalty `log P / ((5 + length) / 6) ** alpha`.
+  extended, and *finished* ones, which end in eos.
 - Each step extends every alive hypothesis by every token and keeps the
-  `2 * beam_size` best candidates by log-probability. Among them, those that
-  end in eos *and rank in the top `beam_size`* join the finished set (as in
-  fairseq: an eos ranked lower would not have survived a plain beam of that
-  size); the best `beam_size` that do not end in eos stay alive (there are
-  always enough, since each hypothesis contributes at most one eos
-  candidate). So beam search with `beam_size=1` and `alpha=0` is greedy
-  search.
-- A hypothesis that reaches its sentence's length limit (`length_limit`,
-  per sentence, default `max_decode_length`) is finished there without an
-  eos (its output is truncated). Limits per sentence keep a translation
-  independent of the batch it was decoded in.
+  `2 * beam_size` best candidates by log-probability. Those among them that
+  end in eos join the finished set, which keeps the best `beam_size` by
+  score (as in T2T and Model Garden: keeping a finished hypothesis costs
+  nothing, and the set only improves; fairseq takes only those ranked in
+  the top `beam_size`, which makes beam 1 greedy search but misses the
+  best hypothesis more often, see docs/decoding-and-serving.md). The best
+  `beam_size` that do not end in eos stay alive (there are always enough,
+  since each hypothesis contributes at most one eos candidate). So beam
+  search with `beam_size=1` is not greedy search: it returns the greedy
+  path's hypothesis or a better one, found when eos ranked second.
+- At a sentence's limit eos is forced, as in fairseq: the step that writes
+  the last allowed position offers eos alone, charged its log-probability,
+  so every alive hypothesis finishes there as a hypothesis of `limit`
+  tokens whose last is eos. (A hypothesis cut at the limit without eos,
+  scored without the eos's cost, could outrank every finished one.) Limits
+  per sentence keep a translation independent of the batch it was decoded
+  in.
 - A sentence is done when its finished set is full and its worst finished
   score is at least the best score any alive hypothesis could still reach
   (its log-probability can only fall; the penalty is monotonic in the
   length, so the bound is taken at the shortest or the longest length still
   possible), or when it reaches its limit. The loop stops when every
   sentence is done.
+- A candidate whose log-probability is below `large_negative() / 2` holds
+  a token the model masked (`-inf` logits, floored to `large_negative()`)
+  or continues a placeholder beam, and never joins the finished set; when
+  fewer than `beam_size` hypotheses exist (a limit of 1: `[eos]` alone),
+  the remaining slots stay empty.
 """
 
 import keras
@@ -98,10 +113,11 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
         max_decode_length: int or scalar int tensor, the most tokens to
             generate (eos included).
         eos_id: the end-of-sentence id.
-        pad_id: written after a hypothesis's last token.
+        pad_id: written after a hypothesis's eos.
         length_limit: optional int, scalar or `(batch,)` int tensor (values
             above `max_decode_length` count as `max_decode_length`): the
-            most tokens to generate, per sentence if a vector. The width of
+            most tokens to generate, eos included, per sentence if a vector;
+            at its limit a hypothesis can only end, with eos. The width of
             the output fixes shapes (under XLA it must be known at compile
             time); the limits need not be, so one compiled search serves
             every limit up to the width, and a sentence's limit can follow
@@ -132,9 +148,17 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
 
     Returns:
         `(sequences (batch, beam, max_decode_length) int32, scores (batch,
-        beam) float32)`, best first: the generated tokens (eos included,
-        `pad_id` after it) and `log P / ((5 + length) / 6) ** alpha`, with
-        `length` the number of generated tokens, eos included.
+        beam) float32)`, best first. A sequence is the generated tokens,
+        ending with eos, then `pad_id`: a hypothesis that reaches its
+        sentence's limit ends there with an eos the search forced (its
+        other tokens are the hypothesis cut one token before the limit).
+        Its score is `log P / ((5 + length) / 6) ** alpha`, `log P` the sum
+        of the log-probabilities of all its tokens, the eos's included
+        (also a forced one's), `length` their number (eos included), so
+        every score ranks the same space of eos-ended sequences and is
+        finite. A slot for which no hypothesis exists (fewer than `beam`
+        sequences fit the limit) holds `pad_id` only and scores
+        `large_negative()`.
     """
     if isinstance(beam_size, int) and beam_size < 1:
         raise ValueError(f"`beam_size` must be at least 1, received {beam_size}.")
@@ -204,6 +228,10 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
         step = state["step"]
         vocab_size = ops.shape(log_probs)[-1]
         log_probs = ops.reshape(log_probs, (batch_size, beam, vocab_size))
+        # At a sentence's limit only eos may follow, at its own cost.
+        at_limit = ops.reshape(ops.equal(step + 1, limit), (-1, 1, 1))
+        not_eos = ops.reshape(ops.not_equal(ops.arange(vocab_size), eos_id), (1, 1, -1))
+        log_probs = ops.where(ops.logical_and(at_limit, not_eos), NEG, log_probs)
 
         # 2 * beam candidates by total log-probability. (A static width
         # lets `top_k` take its fast path.)
@@ -237,15 +265,12 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
             "alive_parents": flat_parents,
         }
 
-        # Candidates ranked in the top `beam` that end in eos (or reach the
-        # length limit) join the finished set; keep its best `beam`. A
-        # sentence past its limit (others in the batch still run) takes no
-        # more.
-        in_top_beam = ops.expand_dims(ops.less(ops.arange(2 * beam), beam), 0)
-        at_limit = ops.expand_dims(ops.equal(step + 1, limit), 1)
+        # Every possible candidate that ends in eos joins the finished set;
+        # keep its best `beam`. A sentence past its limit (others in the
+        # batch still run) takes no more.
         within = ops.expand_dims(ops.less_equal(step + 1, limit), 1)
-        finishing = ops.logical_and(
-            ops.logical_and(in_top_beam, within), ops.logical_or(is_eos, at_limit))
+        possible = ops.greater(candidate_log_probs, NEG / 2)
+        finishing = ops.logical_and(within, ops.logical_and(is_eos, possible))
         finishing_scores = ops.where(
             finishing, candidate_log_probs / length_penalty(step + 1, alpha), NEG
         )
@@ -283,7 +308,10 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
             lambda state, length=length: ops.logical_and(
                 cond(state), ops.less(state["step"], length)),
             body, state)
-    return state["finished_sequences"], state["finished_scores"]
+    # Empty slots (see the docstring) hold pad whichever placeholder filled them.
+    sequences = ops.where(ops.expand_dims(state["finished_flags"], 2),
+                          state["finished_sequences"], pad_id)
+    return sequences, state["finished_scores"]
 
 
 def _checked_phases(cache_phases, max_length, grow_cache):

@@ -20,8 +20,9 @@ fails the batch):
   to its first `config.max_length - 1` tokens, then eos is appended.
 - The translation has at most `min(source tokens + 1 + extra_length,
   config.max_length)` tokens, eos included (paper: extra 50), counted per
-  sentence, so a translation does not depend on the rest of its batch; a
-  hypothesis that reaches the limit is cut there.
+  sentence, so a translation does not depend on the rest of its batch. In
+  beam search a hypothesis that reaches the limit ends there with eos, its
+  probability charged (`beam_search`); a sample is cut there.
 - Beam search scores are `log P / ((5 + length) / 6) ** alpha` of the
   hypothesis (always finite, <= 0); a sample's score is the model's
   (untempered) `log P` of the sampled tokens.
@@ -369,8 +370,9 @@ class Translator(tf.Module):
         while predicting it, mean over heads (paper 3.2.3: the
         encoder-decoder attention; the last layer's is the one nearest the
         output). The target is the hypothesis up to its first eos, eos
-        included, or up to its last non-pad token when the length limit cut
-        it; an empty sentence's is empty. Padding: "" pieces, 0.0."""
+        included (the beam search ends every hypothesis with eos, forced at
+        the length limit; one without would count up to its last non-pad
+        token); an empty sentence's is empty. Padding: "" pieces, 0.0."""
         config = self.config
         model = self.model
         positions = tf.range(tf.shape(best)[1])[None]
