@@ -108,8 +108,6 @@ def main(argv=None):
     if bool(args.source) != bool(args.reference):
         parser.error("--source and --reference go together")
 
-    import json
-
     from benchmarks import provenance
     from keras_transformer.evaluation import score_translations
     from keras_transformer.export import Translator
@@ -193,11 +191,7 @@ def main(argv=None):
         "figures": figures,
         "note": NOTE,
     }
-    path = args.json or provenance.result_path(record, "ctranslate2-bleu")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-        f.write("\n")
-    print(path)
+    provenance.write_result(result, record, "ctranslate2-bleu", args.json)
 
 
 if __name__ == "__main__":

@@ -245,10 +245,7 @@ def main(argv=None):
     for name in args.configs:
         report["results"][name] = measure(name, args)
         print(json.dumps({name: report["results"][name]}, indent=1), flush=True)
-    path = args.json or provenance.result_path(report, "ctranslate2-speed")
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
-    print(f"wrote {path}")
+    provenance.write_result(report, report, "ctranslate2-speed", args.json)
     return 0
 
 

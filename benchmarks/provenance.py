@@ -70,3 +70,16 @@ def result_path(fields, kind):
     return os.path.join(ROOT, "benchmarks", "results",
                         f"{cpu_kind(fields['cpu'])}_{time.strftime('%Y-%m-%d')}_"
                         f"{fields['commit'].split('+')[0]}_{kind}.json")
+
+
+def write_result(document, fields, kind, path=None):
+    """Writes `document` as JSON to `path`, by default `result_path(fields,
+    kind)` (`fields`: `record()`'s); prints and returns the path."""
+    import json
+
+    path = path or result_path(fields, kind)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(document, f, indent=2)
+        f.write("\n")
+    print(f"wrote {path}")
+    return path

@@ -19,7 +19,6 @@ the same models.
 """
 
 import argparse
-import json
 import os
 import time
 
@@ -261,8 +260,5 @@ def main(argv=None):
         print(f"{name:26s} missed the best finished hypothesis in {result['missed']:4d} of "
               f"{args.models}; returned an unfinished one in {result['unfinished']:4d} "
               f"({seconds:.1f} s)")
-    path = args.json or provenance.result_path(record, "search-quality")
-    with open(path, "w") as f:
-        json.dump(report, f, indent=2)
-    print(f"wrote {path}")
+    provenance.write_result(report, record, "search-quality", args.json)
     return report

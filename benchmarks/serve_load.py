@@ -1093,8 +1093,5 @@ def main(argv=None):
         ratio = report["batching_over_plain_requests_per_s"]
         print(f"batching / plain requests/s: median {ratio['median']:.3f} "
               f"(rounds {', '.join(f'{x:.3f}' for x in ratio['rounds'])})")
-    path = args.json or provenance.result_path(record, "serve-load")
-    with open(path, "w") as f:
-        json.dump(report, f, indent=2)
-    print(f"wrote {path}")
+    provenance.write_result(report, record, "serve-load", args.json)
     return report

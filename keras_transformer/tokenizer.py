@@ -108,6 +108,47 @@ class TokenizerModelError(ValueError):
     """A SentencePiece model file or proto cannot serve as a vocabulary."""
 
 
+def sentencepiece_ids(model_proto):
+    """Reads a SentencePiece model proto (no TensorFlow): `(processor,
+    ids)`, `processor` a `sentencepiece.SentencePieceProcessor` and `ids` a
+    dict of `piece_count`, `unk_id`, `bos_id`, `eos_id`, `pad_id`,
+    `added_pad` and `vocab_size` under `SubwordTokenizer`'s rules (a model
+    without a pad piece pads with the first id past its pieces).
+
+    Raises `TokenizerModelError` for bytes that are not a SentencePiece
+    model, or a model without bos or eos.
+    """
+    if not isinstance(model_proto, bytes) or not model_proto:
+        raise TokenizerModelError(
+            "`model_proto` must be the non-empty bytes of a SentencePiece model.")
+    try:
+        processor = sentencepiece.SentencePieceProcessor(model_proto=model_proto)
+    except RuntimeError as e:  # sentencepiece's "ParseFromArray" failure.
+        raise TokenizerModelError(
+            f"not a SentencePiece model proto ({str(e).strip()}); expected the `.model` "
+            "file that SentencePiece's trainer writes."
+        ) from None
+    bos_id, eos_id = processor.bos_id(), processor.eos_id()
+    missing = [n for n, value in (("bos", bos_id), ("eos", eos_id)) if value < 0]
+    if missing:
+        raise TokenizerModelError(
+            f"the SentencePiece model has no {' and no '.join(missing)} id, which "
+            "translation needs (targets start with bos and end with eos). Retrain it "
+            "with `--bos_id=1 --eos_id=2` (SentencePiece's defaults; or any free ids), "
+            "or with `train_sentencepiece` (pad 0, unk 1, bos 2, eos 3)."
+        )
+    piece_count = processor.get_piece_size()
+    pad_id = processor.pad_id()
+    # No pad piece: padding gets the first id past the pieces, an embedding
+    # row of its own that no text maps to.
+    added_pad = pad_id < 0
+    if added_pad:
+        pad_id = piece_count
+    return processor, dict(piece_count=piece_count, unk_id=processor.unk_id(),
+                           bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+                           added_pad=added_pad, vocab_size=piece_count + int(added_pad))
+
+
 # The name `id_to_piece` gives the pad id of a model without a pad piece.
 ADDED_PAD_PIECE = "<pad>"
 
@@ -142,36 +183,10 @@ class SubwordTokenizer(tf.Module):
 
     def __init__(self, model_proto, name=None):
         super().__init__(name=name)
-        if not isinstance(model_proto, bytes) or not model_proto:
-            raise TokenizerModelError(
-                "`model_proto` must be the non-empty bytes of a SentencePiece model.")
-        try:
-            processor = sentencepiece.SentencePieceProcessor(model_proto=model_proto)
-        except RuntimeError as e:  # sentencepiece's "ParseFromArray" failure.
-            raise TokenizerModelError(
-                f"not a SentencePiece model proto ({str(e).strip()}); expected the `.model` "
-                "file that SentencePiece's trainer writes."
-            ) from None
         self.model_proto = model_proto
-        self.piece_count = processor.get_piece_size()
-        self.unk_id = processor.unk_id()
-        self.bos_id = processor.bos_id()
-        self.eos_id = processor.eos_id()
-        missing = [n for n, value in (("bos", self.bos_id), ("eos", self.eos_id)) if value < 0]
-        if missing:
-            raise TokenizerModelError(
-                f"the SentencePiece model has no {' and no '.join(missing)} id, which "
-                "translation needs (targets start with bos and end with eos). Retrain it "
-                "with `--bos_id=1 --eos_id=2` (SentencePiece's defaults; or any free ids), "
-                "or with `train_sentencepiece` (pad 0, unk 1, bos 2, eos 3)."
-            )
-        self.pad_id = processor.pad_id()
-        # No pad piece: padding gets the first id past the pieces, an
-        # embedding row of its own that no text maps to.
-        self.added_pad = self.pad_id < 0
-        if self.added_pad:
-            self.pad_id = self.piece_count
-        self.vocab_size = self.piece_count + int(self.added_pad)
+        _, ids = sentencepiece_ids(model_proto)
+        for field, value in ids.items():
+            setattr(self, field, value)
         # A tf.Module attribute, so SavedModel export tracks the resource.
         # tensorflow-text keys the SentencePiece resource by its op's name, so
         # a loaded SavedModel with two vocabularies needs two names.

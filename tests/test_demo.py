@@ -33,7 +33,7 @@ def run_demo(tmp_path, *extra, timeout):
 
 
 def test_demo_runs_end_to_end(tmp_path_factory):
-    # The tiny run tests/test_playground.py serves too (run once per session).
+    # The tiny run tests/test_playground.py serves too (run once per pytest run).
     demo = tiny_demo(tmp_path_factory)
     out, err = demo["stdout"], demo["stderr"]
     bleu = check_run(demo["returncode"], out, err)

@@ -55,7 +55,7 @@ def model_dir(chromedriver, tmp_path_factory):
     given = os.environ.get("KT_PLAYGROUND_SAVED_MODEL")
     if given:
         return os.path.abspath(given.rstrip(os.sep))
-    # The session's tiny demo run, which tests/test_demo.py checks.
+    # The pytest run's tiny demo run, which tests/test_demo.py checks.
     demo = tiny_demo(tmp_path_factory)
     assert demo["returncode"] == 0, demo["stdout"][-3000:] + demo["stderr"][-3000:]
     return os.path.join(demo["saved_models"], "demo")

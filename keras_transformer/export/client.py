@@ -109,11 +109,7 @@ class RestClient:
     @staticmethod
     def parse_response(status_code, body):
         """`(translations, scores)` from a response, or `ServingError`."""
-        if status_code != 200 or "error" in body:
-            raise ServingError(
-                f"TF Serving answered {status_code}: {body.get('error', body)}"
-            )
-        outputs = body["outputs"]
+        outputs = RestClient._checked(status_code, body)["outputs"]
         return list(outputs["translation"]), [float(s) for s in outputs["score"]]
 
     def translate(self, sentences, beam_size=None, alpha=None, extra_length=None):
@@ -132,10 +128,8 @@ class RestClient:
             if isinstance(inputs["text"], (str, bytes)):
                 raise TypeError("`text` must be a list of sentences, not one string.")
             inputs["text"] = [_json_string(s) for s in inputs["text"]]
-        status, body = self._post({"signature_name": signature_name, "inputs": inputs})
-        if status != 200 or "error" in body:
-            raise ServingError(f"TF Serving answered {status}: {body.get('error', body)}")
-        return body["outputs"]
+        return self._checked(*self._post({"signature_name": signature_name,
+                                          "inputs": inputs}))["outputs"]
 
     def translate_nbest(self, sentences, n, beam_size=None, alpha=PAPER_ALPHA,
                         extra_length=PAPER_EXTRA_LENGTH):
@@ -193,10 +187,14 @@ class RestClient:
         version = f"/versions/{int(self.version)}" if self.version is not None else ""
         response = self.session.get(f"{self.url}/v1/models/{self.model}{version}",
                                     timeout=self.timeout)
-        body = self._json(response)
-        if response.status_code != 200 or "error" in body:
-            raise ServingError(
-                f"TF Serving answered {response.status_code}: {body.get('error', body)}")
+        return self._checked(response.status_code, self._json(response))
+
+    @staticmethod
+    def _checked(status_code, body):
+        """`body`, or `ServingError` with the server's message when the
+        response is an error."""
+        if status_code != 200 or "error" in body:
+            raise ServingError(f"TF Serving answered {status_code}: {body.get('error', body)}")
         return body
 
     def _post(self, body):

@@ -8,9 +8,9 @@ the way CTranslate2's own converters do, and writes it with the spec's
 `save`. The module itself calls no TensorFlow: it reads the weights and
 the sinusoid through `keras.ops` (any backend), tokenizes with the
 `sentencepiece` package (tokenizers may be given as SentencePiece model
-bytes or files), and its engine needs only CTranslate2 and SentencePiece at
-run time (importing it through `keras_transformer.export` still loads that
-package's TensorFlow modules).
+bytes or files), and its engine runs on CTranslate2 and SentencePiece
+(importing it still loads TensorFlow: the package does, and
+`keras_transformer.tokenizer`, whose special-id rules it shares).
 
 Layout of an export directory::
 
@@ -51,6 +51,8 @@ import tempfile
 
 import numpy as np
 
+from keras_transformer.tokenizer import ADDED_PAD_PIECE, sentencepiece_ids
+
 QUANTIZATIONS = ("float32", "int8", "int8_float32")
 METADATA_FILE = "keras_transformer.json"
 SHARED_SENTENCEPIECE = "shared.spm"
@@ -59,7 +61,6 @@ TARGET_SENTENCEPIECE = "target.spm"
 FORMAT_VERSION = 1
 # What `pip install` needs for this module.
 EXTRA = "ctranslate2"
-ADDED_PAD_PIECE = "<pad>"  # as `keras_transformer.tokenizer.ADDED_PAD_PIECE`
 
 
 def import_ctranslate2():
@@ -79,8 +80,9 @@ def import_ctranslate2():
 
 
 class SentencePieceVocabulary:
-    """A SentencePiece model's pieces and special ids, without TensorFlow,
-    with `SubwordTokenizer`'s rules (a model without a pad piece gets
+    """A SentencePiece model's pieces and special ids, read with the
+    `sentencepiece` package under `SubwordTokenizer`'s rules
+    (`tokenizer.sentencepiece_ids`: a model without a pad piece gets
     `pad_id = piece_count`, `added_pad = True`).
 
     Args:
@@ -92,23 +94,10 @@ class SentencePieceVocabulary:
     """
 
     def __init__(self, model_proto):
-        import sentencepiece
-
-        if not isinstance(model_proto, bytes) or not model_proto:
-            raise ValueError("expected the non-empty bytes of a SentencePiece model.")
         self.model_proto = model_proto
-        self.processor = sentencepiece.SentencePieceProcessor(model_proto=model_proto)
-        p = self.processor
-        self.piece_count = p.get_piece_size()
-        self.unk_id, self.bos_id, self.eos_id = p.unk_id(), p.bos_id(), p.eos_id()
-        if self.bos_id < 0 or self.eos_id < 0:
-            raise ValueError("the SentencePiece model has no bos or no eos id, which "
-                             "translation needs.")
-        self.pad_id = p.pad_id()
-        self.added_pad = self.pad_id < 0
-        if self.added_pad:
-            self.pad_id = self.piece_count
-        self.vocab_size = self.piece_count + int(self.added_pad)
+        self.processor, ids = sentencepiece_ids(model_proto)
+        for field, value in ids.items():
+            setattr(self, field, value)
 
     @classmethod
     def of(cls, tokenizer):
@@ -469,15 +458,11 @@ class CTranslate2Translator:
         self.extra_length = defaults.get("extra_length", 50)
         self.max_source_tokens = self.config.max_length - 1
 
-        def processor(name):
-            return sentencepiece.SentencePieceProcessor(
-                model_file=os.path.join(self.model_dir, self.metadata[name]))
-
-        self.source_processor = processor("source_sentencepiece")
-        self.target_processor = processor("target_sentencepiece")
-        with open(os.path.join(self.model_dir, self.metadata["target_sentencepiece"]),
-                  "rb") as f:
-            target = SentencePieceVocabulary(f.read())
+        self.source_processor = sentencepiece.SentencePieceProcessor(
+            model_file=os.path.join(self.model_dir, self.metadata["source_sentencepiece"]))
+        target = SentencePieceVocabulary.of(
+            os.path.join(self.model_dir, self.metadata["target_sentencepiece"]))
+        self.target_processor = target.processor
         self.target_tokens = target.tokens(self.config.output_vocab_size)
         self._target_ids = {token: i for i, token in enumerate(self.target_tokens)}
         # Ids that detokenize to nothing: bos, pad and rows past the pieces.

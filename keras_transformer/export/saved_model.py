@@ -127,9 +127,9 @@ def resolve_version(path):
 
 class SavedModelTranslator:
     """An exported translator loaded back (needs only TensorFlow and
-    tensorflow-text), with `Translator`'s `translate`, `translate_nbest`
-    and `sample` (through the `translate_nbest` and `translate_sample`
-    signatures)."""
+    tensorflow-text), with `Translator`'s `translate`, `translate_nbest`,
+    `sample` and `explain` (through the `translate_nbest`, `translate_sample`
+    and `translate_explain` signatures)."""
 
     def __init__(self, path):
         import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
@@ -156,14 +156,7 @@ class SavedModelTranslator:
             name, options = "serving_default", {}
         else:
             name = "translate_with_options"
-            options = dict(
-                beam_size=tf.constant(m["beam_size"] if beam_size is None else beam_size,
-                                      tf.int32),
-                alpha=tf.constant(m["alpha"] if alpha is None else alpha, tf.float32),
-                extra_length=tf.constant(
-                    m["extra_length"] if extra_length is None else extra_length, tf.int32
-                ),
-            )
+            options = self._search_options(beam_size, alpha, extra_length)
         serve = self.loaded.signatures[name]
 
         def run(batch):
@@ -175,14 +168,10 @@ class SavedModelTranslator:
                         batch_size=32):
         """As `Translator.translate_nbest` (defaults: the export's): a list
         per sentence of `n` `(str, float)` pairs, best first."""
-        m = self.metadata
         serve = self._signature("translate_nbest")
-        beam_size = nbest_beam_size(n, beam_size, m["beam_size"])
-        options = dict(
-            n=tf.constant(n, tf.int32), beam_size=tf.constant(beam_size, tf.int32),
-            alpha=tf.constant(m["alpha"] if alpha is None else alpha, tf.float32),
-            extra_length=tf.constant(m["extra_length"] if extra_length is None
-                                     else extra_length, tf.int32))
+        beam_size = nbest_beam_size(n, beam_size, self.metadata["beam_size"])
+        options = dict(n=tf.constant(n, tf.int32),
+                       **self._search_options(beam_size, alpha, extra_length))
         return nbest_in_batches(lambda batch: serve(text=batch, **options), sentences,
                                 batch_size)
 
@@ -203,16 +192,21 @@ class SavedModelTranslator:
                 batch_size=32):
         """As `Translator.explain` (defaults: the export's), through the
         `translate_explain` signature."""
-        m = self.metadata
         serve = self._signature("translate_explain")
-        options = dict(
+        options = self._search_options(beam_size, alpha, extra_length)
+        return explain_in_batches(lambda batch: serve(text=batch, **options), sentences,
+                                  batch_size)
+
+    def _search_options(self, beam_size, alpha, extra_length):
+        """The `beam_size`, `alpha` and `extra_length` inputs of a signature
+        as tensors, None meaning the export's default."""
+        m = self.metadata
+        return dict(
             beam_size=tf.constant(m["beam_size"] if beam_size is None else beam_size,
                                   tf.int32),
             alpha=tf.constant(m["alpha"] if alpha is None else alpha, tf.float32),
-            extra_length=tf.constant(m["extra_length"] if extra_length is None
-                                     else extra_length, tf.int32))
-        return explain_in_batches(lambda batch: serve(text=batch, **options), sentences,
-                                  batch_size)
+            extra_length=tf.constant(
+                m["extra_length"] if extra_length is None else extra_length, tf.int32))
 
     def _signature(self, name):
         """The loaded signature `name`; a clear error for an export that

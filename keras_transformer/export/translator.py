@@ -370,19 +370,15 @@ class Translator(tf.Module):
         while predicting it, mean over heads (paper 3.2.3: the
         encoder-decoder attention; the last layer's is the one nearest the
         output). The target is the hypothesis up to its first eos, eos
-        included (the beam search ends every hypothesis with eos, forced at
-        the length limit; one without would count up to its last non-pad
-        token); an empty sentence's is empty. Padding: "" pieces, 0.0."""
+        included (`beam_search` ends every hypothesis with eos, forced at
+        the length limit); an empty sentence's is empty. Padding: ""
+        pieces, 0.0."""
         config = self.config
         model = self.model
         positions = tf.range(tf.shape(best)[1])[None]
-        is_eos = tf.equal(best, config.eos_id)
-        has_eos = tf.reduce_any(is_eos, axis=1)
-        first_eos = tf.argmax(tf.cast(is_eos, tf.int32), axis=1, output_type=tf.int32)
-        last_token = tf.reduce_max(
-            tf.where(tf.not_equal(best, config.pad_id), positions + 1, 0), axis=1)
-        target_length = tf.where(has_eos, first_eos + 1, last_token)
-        target_length = tf.where(is_empty, 0, target_length)
+        first_eos = tf.argmax(tf.cast(tf.equal(best, config.eos_id), tf.int32), axis=1,
+                              output_type=tf.int32)
+        target_length = tf.where(is_empty, 0, first_eos + 1)
         width = tf.maximum(tf.reduce_max(target_length), 1)
         target = best[:, :width]
         target_mask = positions[:, :width] < target_length[:, None]

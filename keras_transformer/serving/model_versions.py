@@ -20,12 +20,12 @@ tried again. Versions older than the served one are never loaded.
 
 import logging
 import os
-import re
 import threading
 import time
 
 import numpy as np
 
+from keras_transformer.export.saved_model import versions
 from keras_transformer.serving.rest_api import SignatureSpec, TensorSpec
 
 LOGGER = logging.getLogger("kt-serve")
@@ -122,14 +122,10 @@ def load_servable(path, version):
 
 
 def servable_versions(base_path):
-    """The integer version directories under `base_path` that hold a
-    saved_model.pb, sorted."""
-    try:
-        entries = os.listdir(base_path)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    return sorted(int(e) for e in entries if re.fullmatch(r"[0-9]+", e)
-                  and os.path.isfile(os.path.join(base_path, e, "saved_model.pb")))
+    """The integer version directories under `base_path` (`versions`) that
+    hold a saved_model.pb, sorted."""
+    return [v for v in versions(base_path)
+            if os.path.isfile(os.path.join(base_path, str(v), "saved_model.pb"))]
 
 
 class VersionManager:
@@ -230,14 +226,9 @@ class VersionManager:
         LOGGER.info("Serving version %d (loaded in %.1f s)", version,
                     time.monotonic() - start)
         if old is not None:
-            self._set(old.version, "UNLOADING")
             # Dropping the last reference the server holds unloads it once
             # the requests still running on it let go of theirs.
-            del old
-            with self._lock:
-                for entry in self._states.values():
-                    if entry[0] == "UNLOADING":
-                        entry[0] = "END"
+            self._set(old.version, "END")
         return True
 
     def _poll(self):

@@ -1,6 +1,6 @@
 """The short kt-demo run that several test files need: tests/test_demo.py
 checks the run itself, tests/test_playground.py serves its export. It runs
-once per test session, across pytest-xdist workers: the first test to ask
+once per pytest run, across pytest-xdist workers: the first test to ask
 runs it under a file lock, the others wait for it and read its result."""
 
 import fcntl
@@ -29,21 +29,21 @@ def run_demo(directory, *extra, timeout):
                           env=env)
 
 
-def _session_directory(tmp_path_factory):
-    """A directory all of this session's workers share: under pytest-xdist,
-    each worker's base temporary directory is a child of the session's."""
+def _run_directory(tmp_path_factory):
+    """A directory every pytest-xdist worker of one pytest run shares: each
+    worker's base temporary directory is a child of the run's."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 def tiny_demo(tmp_path_factory, timeout=900):
-    """The session's tiny kt-demo run (`TINY_DEMO_FLAGS`), run on first use.
+    """The pytest run's tiny kt-demo run (`TINY_DEMO_FLAGS`), run on first use.
 
     Returns: a dict with `returncode`, `stdout`, `stderr`, `run_dir` and
     `saved_models` (the `--saved-models` directory; the export is
     `<saved_models>/demo/1`).
     """
-    shared = _session_directory(tmp_path_factory)
+    shared = _run_directory(tmp_path_factory)
     directory = shared / "tiny-demo"
     result_file = directory / "result.json"
     with open(shared / "tiny-demo.lock", "w") as lock:
