@@ -5,6 +5,7 @@ of the step.
 
     python -m benchmarks working-set              # bench config, 4 rows
     python -m benchmarks working-set --rows 128   # the bench batch (32 x beam 4)
+    python -m benchmarks working-set --dtype bfloat16   # weights stored in bfloat16
 
 One sentence at beam 4 multiplies 4 rows a step (a latency request), so each
 product reads its whole weight for a little arithmetic, and a step reads all
@@ -55,19 +56,20 @@ class StepPart:
     """`layers` decoder layers, then the tied projection if `projection`,
     as one compiled loop of `steps` steps on `rows` rows of float32."""
 
-    def __init__(self, config, layers, projection, rows, steps, seed):
+    def __init__(self, config, layers, projection, rows, steps, seed, dtype="float32"):
         rng = np.random.default_rng(seed)
+        self.dtype = tf.as_dtype(dtype)
 
         def weight(rows_in, cols):
             scaled = rng.standard_normal((rows_in, cols)) / np.sqrt(rows_in)
-            return tf.Variable(scaled.astype("float32"))
+            return tf.Variable(tf.cast(scaled.astype("float32"), self.dtype))
 
         self.layers = [[weight(*s) for s in layer_shapes(config)] for _ in range(layers)]
         self.table = weight(config.vocab_size, config.d_model) if projection else None
         weights = [w for ws in self.layers for w in ws] + ([self.table] if projection else [])
         self.products = len(weights)
         self.parameters = sum(int(np.prod(w.shape)) for w in weights)
-        self.bytes = 4 * self.parameters
+        self.bytes = self.dtype.size * self.parameters
         self.rows, self.steps = rows, steps
         self.x = tf.constant(rng.standard_normal((rows, config.d_model)).astype("float32"))
         self.run = tf.function(self._loop, jit_compile=True)
@@ -77,12 +79,17 @@ class StepPart:
         # is the previous one's output, so XLA can neither drop nor reorder
         # them. The elementwise work is small beside the products.
         h = x
+
+        def mm(a, w):  # a float32 product of float32 activations and stored weights
+            return tf.cast(tf.cast(a, self.dtype) @ w, tf.float32)
+
         for wq, wk, wv, wo, cq, co, w1, w2 in self.layers:
-            h = tf.tanh(tf.tanh(h @ wq + h @ wk + h @ wv) @ wo)
-            h = tf.tanh(tf.tanh(h @ cq) @ co)
-            h = tf.tanh(tf.nn.relu(h @ w1) @ w2)
+            h = tf.tanh(mm(tf.tanh(mm(h, wq) + mm(h, wk) + mm(h, wv)), wo))
+            h = tf.tanh(mm(tf.tanh(mm(h, cq)), co))
+            h = tf.tanh(mm(tf.nn.relu(mm(h, w1)), w2))
         if self.table is not None:
-            logits = tf.transpose(tf.matmul(self.table, h, transpose_b=True))
+            logits = tf.cast(tf.transpose(tf.matmul(
+                self.table, tf.cast(h, self.dtype), transpose_b=True)), tf.float32)
             h = tf.tanh(logits[:, : h.shape[1]])
         return x + 1e-3 * h
 
@@ -98,6 +105,9 @@ def main(argv=None):
                         help="rows per product (sentences x beam; 4: one sentence at beam 4)")
     parser.add_argument("--steps", type=int, default=34,
                         help="steps per loop (34: a 24-token source, extra length 10)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="the weights' storage type; activations are cast to it for each "
+                             "product and the products return float32")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=8, help="loops per part per round")
     args = parser.parse_args(argv)
@@ -114,13 +124,13 @@ def main(argv=None):
     parts["whole step"] = (n, True, args.rows)
     if args.rows != 1:
         parts["whole step, 1 row"] = (n, True, 1)
-    parts = {name: StepPart(config, *spec, steps=args.steps, seed=i)
+    parts = {name: StepPart(config, *spec, steps=args.steps, seed=i, dtype=args.dtype)
              for i, (name, spec) in enumerate(parts.items())}
     times = time_rounds({name: (lambda part=part: part.run(part.x).numpy())
                          for name, part in parts.items()},
                         rounds=args.rounds, warmup=1, repeats=args.repeats)
 
-    print(f"{args.config}: {args.rows} rows, {args.steps} steps a loop, "
+    print(f"{args.config}: {args.dtype} weights, {args.rows} rows, {args.steps} steps a loop, "
           f"median of {args.rounds} rounds of {args.repeats} loops")
     print(f"{'part':18} {'weights MB':>10} {'ms/loop':>8} {'us/product':>10} {'GB/s':>6} "
           f"{'GFLOP/s':>7}  rounds (ms)")

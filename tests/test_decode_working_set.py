@@ -18,12 +18,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def numpy_step(part, x):
     """The step the docstring describes, in NumPy, on the part's weights."""
     h = x
-    for wq, wk, wv, wo, cq, co, w1, w2 in [[w.numpy() for w in ws] for ws in part.layers]:
+    for wq, wk, wv, wo, cq, co, w1, w2 in [[w.numpy().astype(np.float32) for w in ws]
+                                           for ws in part.layers]:
         h = np.tanh(np.tanh(h @ wq + h @ wk + h @ wv) @ wo)
         h = np.tanh(np.tanh(h @ cq) @ co)
         h = np.tanh(np.maximum(h @ w1, 0) @ w2)
     if part.table is not None:
-        h = np.tanh((h @ part.table.numpy().T)[:, : h.shape[1]])
+        h = np.tanh((h @ part.table.numpy().astype(np.float32).T)[:, : h.shape[1]])
     return x + 1e-3 * h
 
 
@@ -40,6 +41,22 @@ def test_the_loop_multiplies_by_the_decoders_and_the_tables_weights(layers, proj
     np.testing.assert_allclose(part.run(part.x).numpy(), expected, rtol=1e-4, atol=1e-5)
 
 
+def test_bfloat16_weights_are_stored_in_half_the_bytes_and_multiply_as_float32():
+    config = make_config("tiny")
+    part = decode_working_set.StepPart(config, 1, True, rows=3, steps=2, seed=0,
+                                       dtype="bfloat16")
+    d, f, v = config.d_model, config.d_ff, config.vocab_size
+    assert all(w.dtype.name == "bfloat16" for w in part.layers[0] + [part.table])
+    assert part.bytes == 2 * (6 * d * d + 2 * d * f + v * d)
+    out = part.run(part.x)
+    assert out.dtype.name == "float32"
+    # Activations are rounded to bfloat16 (8 bits of mantissa) before each
+    # product; values stay within tanh's range, so 2^-8 relative per product
+    # over the loop's few products stays far below 0.05.
+    expected = numpy_step(part, numpy_step(part, part.x.numpy()))
+    np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=0.05)
+
+
 def test_prints_every_part_and_the_penalty():
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks", "working-set", "--config", "tiny", "--steps", "2",
@@ -47,7 +64,7 @@ def test_prints_every_part_and_the_penalty():
         capture_output=True, text=True, cwd=ROOT, timeout=600, check=True,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("tiny: 4 rows, 2 steps a loop, median of 2 rounds")
+    assert lines[0].startswith("tiny: float32 weights, 4 rows, 2 steps a loop, median of 2 rounds")
     rows = {line[:18].strip(): line[18:].split() for line in lines[2:-1]}
     assert list(rows) == ["layer 1", "layers 1-2", "projection", "whole step",
                           "whole step, 1 row"]
