@@ -15,7 +15,9 @@
 #   DATA=/path/to/multi30k bash scripts/multi30k.sh --batch-tokens 4096   # extra kt-train flags
 #
 # DATA is a directory with train/val/test_2016_flickr .en/.de files (.gz or
-# not). Rerunning with the same RUN_DIR resumes training.
+# not). Rerunning with the same RUN_DIR resumes training. kt-train picks the
+# precision (mixed_bfloat16 where the CPU or GPU multiplies bfloat16 in
+# hardware, else float32) and prints it; `--precision float32` overrides.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh

@@ -83,3 +83,31 @@ def test_no_warning_otherwise(monkeypatch, restore_policy, precision, native):
 def test_set_precision_checks_its_argument(restore_policy):
     with pytest.raises(ValueError, match="Unknown precision 'bfloat16'.*mixed_bfloat16"):
         strategy.set_precision("bfloat16")
+
+
+@pytest.mark.parametrize("native, expected, reason", [
+    (True, "mixed_bfloat16", "auto: this CPU multiplies bfloat16 in hardware"),
+    (False, "float32", "auto: no bfloat16 matmul hardware"),
+    (None, "float32", "auto: bfloat16 hardware could not be detected")])
+def test_auto_precision_follows_the_hardware(monkeypatch, no_gpu, native, expected, reason):
+    monkeypatch.setattr(strategy, "native_bfloat16", lambda: native)
+    precision, why = strategy.choose_precision("auto")
+    assert precision == expected and why.startswith(reason)
+
+
+def test_auto_precision_on_the_cpus_kinds(tmp_path, no_gpu):
+    for flags, expected in ((ZEN3_FLAGS, "float32"), (ZEN4_FLAGS, "mixed_bfloat16"),
+                            (SAPPHIRE_RAPIDS_FLAGS, "mixed_bfloat16")):
+        native = strategy.native_bfloat16(cpuinfo(tmp_path, flags))
+        assert strategy.choose_precision("auto", native=native)[0] == expected
+
+
+@pytest.mark.parametrize("precision", strategy.PRECISIONS)
+def test_a_requested_precision_is_kept(monkeypatch, precision):
+    monkeypatch.setattr(strategy, "native_bfloat16", lambda: True)
+    assert strategy.choose_precision(precision) == (precision, "as requested")
+
+
+def test_choose_precision_checks_its_argument():
+    with pytest.raises(ValueError, match="Unknown precision 'bf16'; expected 'auto' or one of"):
+        strategy.choose_precision("bf16")

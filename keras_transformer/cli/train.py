@@ -135,8 +135,11 @@ def build_parser():
     g.add_argument("--lr-scale", type=float, default=1.0, help="multiplies the schedule")
     g.add_argument("--accumulation-steps", type=int, default=1,
                    help="micro-batches per update (effective batch = batch-tokens x replicas x this)")
-    g.add_argument("--precision", default="float32", choices=PRECISIONS,
-                   help="mixed_float16 adds dynamic loss scaling")
+    g.add_argument("--precision", default="auto", choices=("auto",) + PRECISIONS,
+                   help="auto: mixed_bfloat16 where the CPU or GPU multiplies bfloat16 in "
+                        "hardware (AVX512-BF16/AMX CPUs, Ampere or later GPUs), else float32; "
+                        "the choice is printed and recorded in train_args.json. "
+                        "mixed_float16 adds dynamic loss scaling")
     g.add_argument("--strategy", default=None, choices=STRATEGIES,
                    help="default: mirrored with more than one GPU, else one_device")
     g.add_argument("--logical-cpus", type=int, default=0,
@@ -785,12 +788,14 @@ def train(args, argv=None, extra_callbacks=()):
     from keras_transformer.training.checkpoints import (
         CheckpointWriter, StepCheckpoint, build_for_restore, optimizer_step)
     from keras_transformer.training.selection import BestCheckpoints, ValidationBleu
-    from keras_transformer.training.strategy import is_chief, set_precision
+    from keras_transformer.training.strategy import choose_precision, is_chief, set_precision
     from keras_transformer.transformer import Transformer
 
     corpus = Corpus(args)
     # Seed before creating the tokenizer: seeding destroys eager resources.
     keras.utils.set_random_seed(args.seed)
+    # Resolved before the run directory records the arguments.
+    args.precision, precision_reason = choose_precision(args.precision)
     set_precision(args.precision)
     chief = is_chief(strategy)
     run = RunDirectory(args.run_dir)
@@ -802,7 +807,7 @@ def train(args, argv=None, extra_callbacks=()):
             if corpus.has(split):
                 print(f"{name} data: {corpus.describe(split)}.", flush=True)
         print(f"Strategy {type(strategy).__name__} with {replicas} replica(s); precision "
-              f"{args.precision}; {args.batch_tokens} tokens per replica batch x {replicas} "
+              f"{args.precision} ({precision_reason}); {args.batch_tokens} tokens per replica batch x {replicas} "
               f"replicas x {args.accumulation_steps} accumulation = "
               f"{args.batch_tokens * replicas * args.accumulation_steps} tokens per update "
               "(upper bound, padding included).", flush=True)
