@@ -52,12 +52,18 @@ def build(config, beam_size=4, alpha=0.6, extra_decode_length=10, precision="flo
 
 def train_step_fn(model, optimizer, label_smoothing, pad_id):
     """A compiled training step: label-smoothed cross-entropy over real
-    tokens (the same loss our benchmark uses), Adam update."""
+    tokens (the same loss our benchmark uses), Adam update.
+
+    `target_in` (bos + target) is unused: Model Garden shifts the targets
+    right inside `call`, starting from id 0 as its beam search does, so it
+    is given `target_out` (target + eos) and predicts each of its tokens
+    from the ones before."""
 
     @tf.function
     def step(source, target_in, target_out):
+        del target_in
         with tf.GradientTape() as tape:
-            logits = tf.cast(model({"inputs": source, "targets": target_in}, training=True),
+            logits = tf.cast(model({"inputs": source, "targets": target_out}, training=True),
                              tf.float32)
             vocab = tf.shape(logits)[-1]
             confidence = 1.0 - label_smoothing
