@@ -57,9 +57,12 @@ def train_step_fn(model, optimizer, label_smoothing, pad_id):
     `target_in` (bos + target) is unused: Model Garden shifts the targets
     right inside `call`, starting from id 0 as its beam search does, so it
     is given `target_out` (target + eos) and predicts each of its tokens
-    from the ones before."""
+    from the ones before. Traced once for any batch shape, as the
+    length-bucketed batches have many."""
 
-    @tf.function
+    ids = tf.TensorSpec([None, None], tf.int32)
+
+    @tf.function(input_signature=[ids, ids, ids])
     def step(source, target_in, target_out):
         del target_in
         with tf.GradientTape() as tape:
