@@ -100,7 +100,10 @@ def main(argv=None):
     clock = PhaseClock()
     if args.fresh and os.path.isdir(args.run_dir):
         shutil.rmtree(args.run_dir)
-    checkpoint_every = max(1, args.train_steps // 6)
+    # A checkpoint every twelfth of the run (100 updates by default): the model
+    # still improves fast at the end, so the averaged checkpoints are the
+    # last few, close together (docs/performance.md, "The demo's settings").
+    checkpoint_every = max(1, args.train_steps // 12)
     steps_per_epoch = max(1, min(100, args.train_steps // 6))
     clock.phase("1-2. Vocabulary and training on the built-in corpus")
     status = train.main([
