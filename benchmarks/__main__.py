@@ -33,6 +33,8 @@ SUBCOMMANDS = {
     "ctranslate2": ("ctranslate2_speed", "the SavedModel beside CTranslate2 (float32, int8) "
                                          "on the same weights: throughput, latency"),
     "ctranslate2-bleu": ("ctranslate2_bleu", "BLEU of CTranslate2 exports vs the package's search"),
+    "demo-settings": ("demo_settings", "the demo's training length and checkpoint averaging "
+                                       "on validation, over seeds"),
     "model-garden-multi30k": ("model_garden_multi30k", "Model Garden trained and scored as "
                                                        "scripts/multi30k.sh trains ours"),
 }
