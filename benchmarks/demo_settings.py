@@ -37,22 +37,18 @@ def choices(end, every):
 
 
 def train_seed(run_dir, seed, args):
-    """kt-demo's kt-train call (keras_transformer/cli/demo.py) with a
-    checkpoint every `args.every` updates, all of them kept."""
-    from keras_transformer.cli import train
+    """kt-demo's kt-train call (`demo.training_arguments`) with a checkpoint
+    every `args.every` updates, all of them kept."""
+    from keras_transformer.cli import demo, train
 
     if os.path.exists(os.path.join(run_dir, "checkpoints", f"ckpt-{args.train_steps}.index")):
         return
-    status = train.main([
-        "--run-dir", run_dir, "--data", "builtin", "--src-lang", "en", "--tgt-lang", "synth",
-        "--config", args.config, "--vocab-size", "3000", "--vocab-model-type", "bpe",
-        "--max-length", "64", "--batch-tokens", "2000", "--train-steps", str(args.train_steps),
-        "--warmup-steps", str(args.warmup_steps), "--lr-scale", "1.5", "--precision", "float32",
-        "--checkpoint-every", str(args.every),
-        "--keep-checkpoints", str(args.train_steps // args.every + 1),
-        "--steps-per-epoch", "100", "--valid-split", "validation", "--bleu-sentences", "0",
-        "--shuffle-buffer", "40000", "--verbose", "2", "--cache-tokenized",
-        "--position-encoding", "sinusoidal", "--seed", str(seed)])
+    demo_args = demo.build_parser().parse_args([
+        "--run-dir", run_dir, "--seed", str(seed), "--config", args.config,
+        "--train-steps", str(args.train_steps)])
+    status = train.main(demo.training_arguments(
+        demo_args, keep_checkpoints=args.train_steps // args.every + 1,
+        checkpoint_every=args.every, warmup_steps=args.warmup_steps, verbose=2))
     if status:
         raise SystemExit(f"training seed {seed} failed with status {status}")
 

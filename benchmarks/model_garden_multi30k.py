@@ -75,14 +75,6 @@ def translate_file(model, tokenizer, sentences, batch_size):
     return out
 
 
-def read_lines(path):
-    import gzip
-
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=os.path.join("..", "shared", "data", "multi30k"),
@@ -124,6 +116,7 @@ def main(argv=None):
 
     import tf_keras
 
+    from keras_transformer.cli.common import read_lines
     from keras_transformer.config import get_config
     from keras_transformer.data.batching import token_batches
     from keras_transformer.data.sources import load_pairs
@@ -178,8 +171,10 @@ def main(argv=None):
     print(f"Trained {step} updates in {trained_s:.0f} s; averaged the last "
           f"{len(snapshots)} snapshots.", flush=True)
 
-    sources = read_lines(find_split_file(args.data, args.test_split, args.src_lang))
-    references = read_lines(find_split_file(args.data, args.test_split, args.tgt_lang))
+    # As kt-evaluate reads its --source and --reference.
+    sources, references = ([line.decode("utf-8", "replace") for line in read_lines(
+        find_split_file(args.data, args.test_split, lang))]
+        for lang in (args.src_lang, args.tgt_lang))
     if args.test_sentences:
         sources, references = sources[:args.test_sentences], references[:args.test_sentences]
     decode_start = time.perf_counter()

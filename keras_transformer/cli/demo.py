@@ -62,6 +62,44 @@ def build_parser():
     return p
 
 
+def training_arguments(args, keep_checkpoints=None, checkpoint_every=None, warmup_steps=None,
+                       verbose=1):
+    """kt-train's arguments for the demo's run on the built-in corpus, from
+    kt-demo's parsed `args` (`build_parser()`).
+
+    `keep_checkpoints` defaults to the `--average` count. `checkpoint_every`
+    defaults to a twelfth of the run (100 updates at 1,200): the model still
+    improves fast at the end, so the averaged checkpoints are the last few,
+    close together (docs/performance.md, "The demo's settings").
+    `warmup_steps` defaults to min(400, train_steps // 3). `python -m
+    benchmarks demo-settings` trains with these too.
+    """
+    train_steps = args.train_steps
+    if keep_checkpoints is None:
+        keep_checkpoints = max(args.average, 1)
+    if checkpoint_every is None:
+        checkpoint_every = max(1, train_steps // 12)
+    if warmup_steps is None:
+        warmup_steps = max(1, min(400, train_steps // 3))
+    return [
+        "--run-dir", args.run_dir, "--data", "builtin", "--src-lang", "en",
+        "--tgt-lang", "synth", "--config", args.config, "--vocab-size", "3000",
+        "--vocab-model-type", "bpe", "--max-length", "64",
+        "--batch-tokens", str(args.batch_tokens), "--train-steps", str(train_steps),
+        "--warmup-steps", str(warmup_steps), "--lr-scale", "1.5",
+        "--precision", args.precision, "--checkpoint-every", str(checkpoint_every),
+        "--keep-checkpoints", str(keep_checkpoints),
+        "--steps-per-epoch", str(max(1, min(100, train_steps // 6))),
+        "--valid-split", "validation",
+        "--bleu-sentences", "0", "--shuffle-buffer", "40000", "--verbose", str(verbose),
+        # Several passes over 40k pairs: tokenize once (same batches, same
+        # weights, less CPU per pass).
+        "--cache-tokenized",
+        "--position-encoding", args.position_encoding, "--seed", str(args.seed),
+        *(["--dropout", str(args.dropout)] if args.dropout is not None else []),
+    ]
+
+
 class PhaseClock:
     """Prints each phase's header and, at the next one, how long it took."""
 
@@ -100,28 +138,8 @@ def main(argv=None):
     clock = PhaseClock()
     if args.fresh and os.path.isdir(args.run_dir):
         shutil.rmtree(args.run_dir)
-    # A checkpoint every twelfth of the run (100 updates by default): the model
-    # still improves fast at the end, so the averaged checkpoints are the
-    # last few, close together (docs/performance.md, "The demo's settings").
-    checkpoint_every = max(1, args.train_steps // 12)
-    steps_per_epoch = max(1, min(100, args.train_steps // 6))
     clock.phase("1-2. Vocabulary and training on the built-in corpus")
-    status = train.main([
-        "--run-dir", args.run_dir, "--data", "builtin", "--src-lang", "en",
-        "--tgt-lang", "synth", "--config", args.config, "--vocab-size", "3000",
-        "--vocab-model-type", "bpe", "--max-length", "64",
-        "--batch-tokens", str(args.batch_tokens), "--train-steps", str(args.train_steps),
-        "--warmup-steps", str(max(1, min(400, args.train_steps // 3))), "--lr-scale", "1.5",
-        "--precision", args.precision, "--checkpoint-every", str(checkpoint_every),
-        "--keep-checkpoints", str(max(args.average, 1)),
-        "--steps-per-epoch", str(steps_per_epoch), "--valid-split", "validation",
-        "--bleu-sentences", "0", "--shuffle-buffer", "40000", "--verbose", "1",
-        # Several passes over 40k pairs: tokenize once (same batches, same
-        # weights, less CPU per pass).
-        "--cache-tokenized",
-        "--position-encoding", args.position_encoding, "--seed", str(args.seed),
-        *(["--dropout", str(args.dropout)] if args.dropout is not None else []),
-    ])
+    status = train.main(training_arguments(args))
     if status:
         return status
     run = RunDirectory(args.run_dir)

@@ -807,8 +807,8 @@ def train(args, argv=None, extra_callbacks=()):
             if corpus.has(split):
                 print(f"{name} data: {corpus.describe(split)}.", flush=True)
         print(f"Strategy {type(strategy).__name__} with {replicas} replica(s); precision "
-              f"{args.precision} ({precision_reason}); {args.batch_tokens} tokens per replica batch x {replicas} "
-              f"replicas x {args.accumulation_steps} accumulation = "
+              f"{args.precision} ({precision_reason}); {args.batch_tokens} tokens per "
+              f"replica batch x {replicas} replicas x {args.accumulation_steps} accumulation = "
               f"{args.batch_tokens * replicas * args.accumulation_steps} tokens per update "
               "(upper bound, padding included).", flush=True)
 

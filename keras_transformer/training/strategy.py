@@ -117,22 +117,20 @@ def native_bfloat16(cpuinfo="/proc/cpuinfo"):
     return any(flag in flags for flag in BF16_CPU_FLAGS)
 
 
-def choose_precision(requested="auto", native=None):
+def choose_precision(requested="auto"):
     """Resolves kt-train's `--precision`: returns `(precision, reason)`.
 
     `auto` takes `mixed_bfloat16` where the host multiplies bfloat16 in
-    hardware (`native_bfloat16()`, or `native` when given: True, False or
-    None for unknown) and `float32` elsewhere, including when it cannot
-    tell; any of `PRECISIONS` is returned as given. `reason` is a clause
-    for the log, e.g. "auto: this CPU has avx512_bf16".
+    hardware (`native_bfloat16()`) and `float32` elsewhere, including when it
+    cannot tell; any of `PRECISIONS` is returned as given. `reason` is a
+    clause for the log, e.g. "auto: no bfloat16 matmul hardware".
     """
     if requested != "auto":
         if requested not in PRECISIONS:
             raise ValueError(f"Unknown precision {requested!r}; expected 'auto' or one of "
                              f"{PRECISIONS}.")
         return requested, "as requested"
-    if native is None:
-        native = native_bfloat16()
+    native = native_bfloat16()
     if native:
         where = ("every GPU runs bfloat16 natively" if tf.config.list_physical_devices("GPU")
                  else f"this CPU multiplies bfloat16 in hardware ({'/'.join(BF16_CPU_FLAGS)})")
