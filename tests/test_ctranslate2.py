@@ -510,8 +510,47 @@ def test_kt_translate_with_the_ctranslate2_engine(run_and_export):
     assert len(quantized[0]) == 5 and quantized[0][1] == ""
 
 
+def test_the_ctranslate2_engine_on_a_run_directory(run_and_export, capsys):
+    """--engine ctranslate2 --run-dir converts the run's weights as it starts:
+    kt-translate gives what the kt-export directory gives with the same
+    options, and kt-evaluate scores those translations, from either source."""
+    from keras_transformer.cli import evaluate, translate
+    from keras_transformer.cli.common import read_lines
+
+    run, path, source, tmp_path = (run_and_export[k]
+                                   for k in ("run", "path", "source", "tmp_path"))
+    lines = read_lines(str(source))
+    expected = CTranslate2Translator(path).translate(lines)  # beam 2, extra length 3
+    options = ["--beam-size", "2", "--extra-length", "3"]
+    converted = translate.translate(["--engine", "ctranslate2", "--run-dir", run.path,
+                                     "--input", str(source), *options],
+                                    stdout=io.StringIO())
+    assert converted[0] == expected[0]
+    np.testing.assert_allclose(converted[1], expected[1], atol=1e-5)
+    assert "CTranslate2 engine: converted" in capsys.readouterr().err
+    # Quantized as it loads: every line still gets a translation.
+    quantized = translate.translate(["--engine", "ctranslate2", "--run-dir", run.path,
+                                     "--input", str(source), "--compute-type", "int8",
+                                     *options], stdout=io.StringIO())
+    assert len(quantized[0]) == len(lines) and quantized[0][1] == ""
+
+    # The export's translations as references: BLEU 100 through either
+    # source of the engine, and below 100 with another search.
+    reference = tmp_path / "reference.txt"
+    reference.write_text("".join(t + "\n" for t in expected[0]), encoding="utf-8")
+    files = ["--source", str(source), "--reference", str(reference)]
+    from_run = evaluate.evaluate(["--engine", "ctranslate2", "--run-dir", run.path,
+                                  *files, *options], stdout=io.StringIO())
+    from_export = evaluate.evaluate(["--ctranslate2-model", path, *files],
+                                    stdout=io.StringIO())
+    assert from_run["bleu"] == from_export["bleu"] == pytest.approx(100.0)
+    other = evaluate.evaluate(["--ctranslate2-model", path, *files, "--extra-length", "0"],
+                              stdout=io.StringIO())
+    assert other["bleu"] < 100.0
+
+
 def test_command_line_errors(run_and_export, capsys):
-    from keras_transformer.cli import export, translate
+    from keras_transformer.cli import evaluate, export, translate
 
     run, path, source = (run_and_export[k] for k in ("run", "path", "source"))
     cases = [
@@ -522,9 +561,20 @@ def test_command_line_errors(run_and_export, capsys):
         (export, ["--run-dir", run.path, "--format", "ctranslate2", "--quantization", "int4"],
          "invalid choice: 'int4'"),
         (translate, ["--run-dir", run.path, "--input", str(source), "--compute-type", "int8"],
-         "--compute-type needs --ctranslate2-model"),
+         "--compute-type needs --engine ctranslate2"),
+        (evaluate, ["--run-dir", run.path, "--source", str(source), "--reference",
+                    str(source), "--threads", "2"], "--threads needs --engine ctranslate2"),
         (translate, ["--ctranslate2-model", path, "--run-dir", run.path],
          "not allowed with argument"),
+        (translate, ["--ctranslate2-model", path, "--engine", "tensorflow"],
+         "--ctranslate2-model needs --engine ctranslate2"),
+        (evaluate, ["--engine", "ctranslate2", "--saved-model", path, "--source", str(source),
+                    "--reference", str(source)], "not --saved-model"),
+        (translate, ["--ctranslate2-model", path, "--checkpoint", "last"],
+         "--checkpoint applies to --run-dir, not --ctranslate2-model"),
+        (translate, ["--engine", "ctranslate2", "--run-dir", run.path, "--threads", "0"],
+         "--threads must be at least 1"),
+        (translate, ["--engine", "onnx", "--run-dir", run.path], "invalid choice: 'onnx'"),
     ]
     for command, argv, message in cases:
         with pytest.raises(SystemExit) as exit_info:

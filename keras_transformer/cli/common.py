@@ -15,7 +15,7 @@ def translation_parser(prog, description, ctranslate2=False):
     """The parser of a command that translates with a trained model or a
     SavedModel (kt-translate, kt-evaluate): model and decoding arguments,
     decoding defaults from the model, start-up flags; `ctranslate2`: also
-    `--ctranslate2-model` (see `add_model_arguments`)."""
+    `--ctranslate2-model` and the engine flags (see `add_model_arguments`)."""
     parser = argparse.ArgumentParser(
         prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -25,9 +25,14 @@ def translation_parser(prog, description, ctranslate2=False):
     return parser
 
 
+ENGINES = ("tensorflow", "ctranslate2")
+
+
 def add_model_arguments(parser, saved_model=True, ctranslate2=False):
     """`--run-dir`/`--checkpoint` (and `--saved-model`, and
-    `--ctranslate2-model`) to choose a model, exactly one of them."""
+    `--ctranslate2-model`) to choose a model, exactly one of them; with
+    `ctranslate2`, also `--engine`, `--compute-type` and `--threads`
+    (`check_engine` checks them, `open_from_args` applies them)."""
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run-dir", help="a run directory (config.json, vocabulary, "
                         "checkpoints/; --checkpoint chooses which weights)")
@@ -41,6 +46,22 @@ def add_model_arguments(parser, saved_model=True, ctranslate2=False):
                             "ctranslate2 package; --alpha is then its length penalty, "
                             "log P / length**alpha)")
     parser.add_argument("--checkpoint", help=CHECKPOINT_HELP)
+    if not ctranslate2:
+        return
+    group = parser.add_argument_group("engine")
+    group.add_argument("--engine", choices=ENGINES, default=None,
+                       help="tensorflow: the Keras model or the SavedModel; ctranslate2: "
+                       "CTranslate2's engine, from --ctranslate2-model, or from --run-dir's "
+                       "weights converted as the command starts (default: ctranslate2 with "
+                       "--ctranslate2-model, else tensorflow)")
+    group.add_argument("--compute-type", default=None,
+                       choices=("default", "float32", "int8", "int8_float32"),
+                       help="with --engine ctranslate2: the type CTranslate2 computes in "
+                       "(default: the export's weights' type, float32 for --run-dir; int8 "
+                       "on float32 weights quantizes as it loads)")
+    group.add_argument("--threads", type=int, default=None,
+                       help="with --engine ctranslate2: CTranslate2's threads for the search "
+                       "(default: its own choice)")
 
 
 CHECKPOINT_HELP = (
@@ -88,10 +109,57 @@ def add_decoding_arguments(parser, defaults_from_model=False, xla=True):
                         "the export's (those run its XLA-free translate_with_options)")
 
 
+def check_engine(parser, args):
+    """Sets `args.engine` (see `--engine`) and `parser.error`s (exit status
+    2, naming the flag) for engine flags that cannot work together."""
+    ctranslate2_model = getattr(args, "ctranslate2_model", None)
+    if args.engine is None:
+        args.engine = "ctranslate2" if ctranslate2_model is not None else "tensorflow"
+    if args.engine == "tensorflow":
+        if ctranslate2_model is not None:
+            parser.error("--ctranslate2-model needs --engine ctranslate2 (the default with it)")
+        for name in ("compute_type", "threads"):
+            if getattr(args, name) is not None:
+                parser.error(f"--{name.replace('_', '-')} needs --engine ctranslate2")
+        return
+    if getattr(args, "saved_model", None) is not None:
+        parser.error("--engine ctranslate2 takes --ctranslate2-model (kt-export --format "
+                     "ctranslate2) or --run-dir (converted as the command starts), "
+                     "not --saved-model")
+    if ctranslate2_model is not None and args.checkpoint is not None:
+        parser.error("--checkpoint applies to --run-dir, not --ctranslate2-model")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1, received {args.threads}")
+    from keras_transformer.export.ctranslate2 import import_ctranslate2
+
+    try:
+        import_ctranslate2()
+    except ImportError as e:
+        parser.error(str(e))
+
+
 def open_from_args(args):
-    """The translator `args` name (see `open_translator`)."""
+    """The translator `args` name: with `--engine ctranslate2` (after
+    `check_engine`) a `CTranslate2Translator`, of --ctranslate2-model or of
+    --run-dir's weights converted now (the checkpoint and why is printed to
+    stderr); else as `open_translator` gives it."""
     from keras_transformer.export.saved_model import open_translator
 
+    if getattr(args, "engine", "tensorflow") == "ctranslate2":
+        from keras_transformer.export.ctranslate2 import (
+            CTranslate2Translator,
+            ctranslate2_translator_from_run,
+        )
+
+        options = dict(compute_type=args.compute_type or "default",
+                       intra_threads=args.threads or 0)
+        if args.ctranslate2_model is not None:
+            return CTranslate2Translator(args.ctranslate2_model, **options)
+        translator, reason = ctranslate2_translator_from_run(
+            args.run_dir, args.checkpoint, beam_size=args.beam_size, alpha=args.alpha,
+            extra_length=args.extra_length, **options)
+        print(f"CTranslate2 engine: converted {reason}", file=sys.stderr, flush=True)
+        return translator
     return open_translator(
         run_dir=args.run_dir, checkpoint=args.checkpoint,
         saved_model=getattr(args, "saved_model", None),
@@ -100,11 +168,13 @@ def open_from_args(args):
 
 
 def decoding_options(args, translator):
-    """Per-call options: for a SavedModel the search options (None: its
-    export defaults); a run-directory translator was built with them
-    already. Both choose whether the search runs under XLA."""
+    """Per-call options: for a SavedModel or CTranslate2 the search options
+    (None: the export's defaults); a run-directory translator was built with
+    them already. The first two choose whether the search runs under XLA."""
     from keras_transformer.export.saved_model import SavedModelTranslator
 
+    if getattr(args, "engine", "tensorflow") == "ctranslate2":
+        return dict(beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length)
     if isinstance(translator, SavedModelTranslator):
         return dict(beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length,
                     jit_compile=args.xla)

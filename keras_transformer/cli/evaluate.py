@@ -7,6 +7,14 @@ detokenized output, printing sacreBLEU's signature strings.
 
 One sentence per line in --source and --reference (.gz ok). The
 translations can be kept with --hypotheses.
+
+--engine ctranslate2 scores CTranslate2's translations instead, of an
+export (--ctranslate2-model DIR) or of a run directory's weights converted
+as the command starts, as kt-translate does (--alpha is then CTranslate2's
+length penalty, log P / length ** alpha):
+
+    kt-evaluate --engine ctranslate2 --run-dir runs/base --compute-type int8 \\
+        --source test.en.gz --reference test.de.gz
 """
 
 import json
@@ -14,6 +22,7 @@ import sys
 
 from keras_transformer import startup
 from keras_transformer.cli.common import (
+    check_engine,
     decoding_options,
     one_line,
     open_from_args,
@@ -24,7 +33,7 @@ from keras_transformer.cli.common import (
 
 
 def build_parser():
-    parser = translation_parser("kt-evaluate", __doc__)
+    parser = translation_parser("kt-evaluate", __doc__, ctranslate2=True)
     parser.add_argument("--source", required=True, help="source sentences, one per line")
     parser.add_argument("--reference", required=True, help="reference translations")
     parser.add_argument("--hypotheses", help="also write the translations here")
@@ -46,6 +55,9 @@ def evaluate(argv=None, stdout=None):
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.batch_size < 1:
+        parser.error("--batch-size must be at least 1")
+    check_engine(parser, args)
     out = stdout or sys.stdout
     sources = read_lines(args.source)
     references = [r.decode("utf-8", "replace") for r in read_lines(args.reference)]

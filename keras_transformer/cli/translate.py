@@ -27,17 +27,22 @@ only on the seed and its text, so the same command gives the same output;
 --n-best and --sampling run the search without XLA (--xla applies to the
 1-best beam search).
 
---ctranslate2-model DIR translates with CTranslate2's engine instead, from a
-directory that `kt-export --format ctranslate2` wrote (the `ctranslate2`
-package needed; --xla does not apply):
+--engine ctranslate2 translates with CTranslate2's engine instead (the
+`ctranslate2` package needed; --xla does not apply), from a directory that
+`kt-export --format ctranslate2` wrote (--ctranslate2-model DIR, which
+implies the engine), or from a run directory's weights, converted in
+float32 as the command starts (--compute-type int8 quantizes them as they
+load):
 
     kt-translate --ctranslate2-model saved_models/de_en_ct2 --input test.de \\
         --beam-size 4 --alpha 0.6 > test.hyp
+    kt-translate --engine ctranslate2 --run-dir runs/base --compute-type int8 \\
+        --input test.de > test.hyp
 
 The same flags and input rules, with the same per-sentence length limit
 (source tokens + 1 + --extra-length, at most the model's max_length,
 eos included). Defaults: the export's --beam-size, --alpha and
---extra-length. --alpha is CTranslate2's length penalty: scores are
+--extra-length (a run directory's: 4, 0.6, 50). --alpha is CTranslate2's length penalty: scores are
 log P / length ** alpha (length with eos), not the GNMT penalty above
 (at --alpha 0 both are log P). --beam-size 1 is the same greedy search as
 the other engines' --sampling --temperature 0. --compute-type
@@ -50,6 +55,7 @@ import sys
 
 from keras_transformer import startup
 from keras_transformer.cli.common import (
+    check_engine,
     decoding_options,
     one_line,
     open_from_args,
@@ -87,13 +93,6 @@ def build_parser():
                        "holding this probability, in (0, 1] (default: 1, all)")
     group.add_argument("--seed", type=int, default=None,
                        help="with --sampling: the random seed (default: 0)")
-    group = parser.add_argument_group("CTranslate2 (with --ctranslate2-model)")
-    group.add_argument("--compute-type", default=None,
-                       choices=("default", "float32", "int8", "int8_float32"),
-                       help="the type CTranslate2 computes in (default: the export's "
-                       "weights' type; int8 on a float32 export quantizes as it loads)")
-    group.add_argument("--threads", type=int, default=None,
-                       help="CTranslate2's threads for the search (default: its own choice)")
     return parser
 
 
@@ -102,12 +101,7 @@ def check_arguments(parser, args):
     combinations that cannot work."""
     if args.batch_size < 1:
         parser.error("--batch-size must be at least 1")
-    if args.ctranslate2_model is None:
-        for name in ("compute_type", "threads"):
-            if getattr(args, name) is not None:
-                parser.error(f"--{name.replace('_', '-')} needs --ctranslate2-model")
-    elif args.threads is not None and args.threads < 1:
-        parser.error(f"--threads must be at least 1, received {args.threads}")
+    check_engine(parser, args)
     if args.n_best is not None:
         if args.n_best < 1:
             parser.error("--n-best must be at least 1")
@@ -147,13 +141,7 @@ def translate(argv=None, stdout=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     check_arguments(parser, args)
-    if args.ctranslate2_model is not None:
-        translator = open_ctranslate2(parser, args)
-        search_options = dict(beam_size=args.beam_size, alpha=args.alpha,
-                              extra_length=args.extra_length)
-    else:
-        translator = open_from_args(args)
-        search_options = None
+    translator = open_from_args(args)
     sentences = read_lines(args.input)
     if args.n_best is not None:
         result = translator.translate_nbest(
@@ -169,7 +157,7 @@ def translate(argv=None, stdout=None):
                                        batch_size=args.batch_size, **options)
         else:
             result = translator.translate(sentences, batch_size=args.batch_size,
-                                          **(search_options or decoding_options(args, translator)))
+                                          **decoding_options(args, translator))
         lines = [f"{s:.4f}\t{one_line(t)}" if args.scores else one_line(t)
                  for t, s in zip(*result)]
     text = "".join(line + "\n" for line in lines)
@@ -179,20 +167,6 @@ def translate(argv=None, stdout=None):
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(text)
     return result
-
-
-def open_ctranslate2(parser, args):
-    """The `CTranslate2Translator` of --ctranslate2-model; `parser.error`
-    without the ctranslate2 package."""
-    from keras_transformer.export.ctranslate2 import CTranslate2Translator, import_ctranslate2
-
-    try:
-        import_ctranslate2()
-    except ImportError as e:
-        parser.error(str(e))
-    return CTranslate2Translator(args.ctranslate2_model,
-                                 compute_type=args.compute_type or "default",
-                                 intra_threads=args.threads or 0)
 
 
 def main(argv=None):

@@ -605,3 +605,43 @@ class CTranslate2Translator:
             [list(s) for s in sources], [list(t) for t in targets],
             max_batch_size=batch_size, max_input_length=0)
         return [np.asarray(result.log_probs, np.float32) for result in out]
+
+
+def ctranslate2_translator_from_run(run_dir, checkpoint=None, compute_type="default",
+                                    intra_threads=0, beam_size=None, alpha=None,
+                                    extra_length=None):
+    """A `CTranslate2Translator` for a run directory's weights, converted
+    now: the checkpoint `checkpoint` selects (`RunDirectory.resolve_checkpoint`)
+    is exported in float32 to a temporary directory, loaded and the
+    directory removed (CTranslate2 and SentencePiece hold the model in
+    memory once loaded). `compute_type` "int8" quantizes as it loads, which
+    gives the weights of `kt-export --quantization int8`.
+
+    Args:
+        run_dir: a run directory (or a `RunDirectory`).
+        checkpoint: a `--checkpoint` selector or prefix (default "auto").
+        compute_type, intra_threads: `CTranslate2Translator`'s.
+        beam_size, alpha, extra_length: search defaults (None: the
+            package's, `keras_transformer.decoding`); `alpha` is
+            CTranslate2's length penalty.
+
+    Returns: `(translator, reason)`, `reason` the checkpoint and why it was
+    chosen, as `kt-export` prints it.
+    """
+    from keras_transformer.decoding import DEFAULT_ALPHA, DEFAULT_BEAM_SIZE, DEFAULT_EXTRA_LENGTH
+    from keras_transformer.run_directory import RunDirectory
+
+    import_ctranslate2()
+    run = run_dir if isinstance(run_dir, RunDirectory) else RunDirectory(run_dir)
+    prefix, reason = run.resolve_checkpoint(checkpoint)
+    model = run.load_model(prefix, quiet=True)
+    source, target = run.load_tokenizers()
+    with tempfile.TemporaryDirectory(prefix="kt-ctranslate2-") as tmp:
+        path = export_ctranslate2(
+            model, source, target, os.path.join(tmp, "model"),
+            beam_size=DEFAULT_BEAM_SIZE if beam_size is None else beam_size,
+            alpha=DEFAULT_ALPHA if alpha is None else alpha,
+            extra_length=DEFAULT_EXTRA_LENGTH if extra_length is None else extra_length)
+        translator = CTranslate2Translator(path, compute_type=compute_type,
+                                           intra_threads=intra_threads)
+    return translator, reason
