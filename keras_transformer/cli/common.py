@@ -130,6 +130,12 @@ def check_engine(parser, args):
         parser.error("--checkpoint applies to --run-dir, not --ctranslate2-model")
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be at least 1, received {args.threads}")
+    require_ctranslate2(parser)
+
+
+def require_ctranslate2(parser):
+    """`parser.error` naming the extra to install when the `ctranslate2`
+    package is missing."""
     from keras_transformer.export.ctranslate2 import import_ctranslate2
 
     try:
@@ -173,11 +179,11 @@ def decoding_options(args, translator):
     them already. The first two choose whether the search runs under XLA."""
     from keras_transformer.export.saved_model import SavedModelTranslator
 
+    search = dict(beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length)
     if getattr(args, "engine", "tensorflow") == "ctranslate2":
-        return dict(beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length)
+        return search
     if isinstance(translator, SavedModelTranslator):
-        return dict(beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length,
-                    jit_compile=args.xla)
+        return {**search, "jit_compile": args.xla}
     return {"jit_compile": args.xla}
 
 

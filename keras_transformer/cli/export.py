@@ -49,6 +49,7 @@ from keras_transformer.cli.common import (
     add_decoding_arguments,
     add_model_arguments,
     read_lines,
+    require_ctranslate2,
     run_command,
 )
 
@@ -92,16 +93,11 @@ def build_parser():
 def check_arguments(parser, args):
     """`parser.error` (exit status 2, naming the flag) for flags that do not
     apply to the chosen --format."""
-    from keras_transformer.export.ctranslate2 import import_ctranslate2
-
     if args.format == "ctranslate2":
         for flag, value in (("--version", args.version), ("--examples", args.examples)):
             if value is not None:
                 parser.error(f"{flag} applies to --format saved_model, not ctranslate2")
-        try:
-            import_ctranslate2()
-        except ImportError as e:
-            parser.error(str(e))
+        require_ctranslate2(parser)
     elif args.quantization is not None:
         parser.error("--quantization applies to --format ctranslate2")
 
