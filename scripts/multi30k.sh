@@ -6,10 +6,11 @@
 #
 #   SELECTION=last (default): the average of the last 5 checkpoints (100
 #       updates apart), for budgets in which the model is still improving;
-#   SELECTION=best: validate every 100 updates (the greedy BLEU of 200
-#       validation sentences), keep the 5 best checkpoints, stop after 10
-#       validations without a new best, average the best 5: for budgets long
-#       enough to overfit (validation loss turns up after ~3,600 updates).
+#   SELECTION=best: validate every 100 updates (loss on the whole
+#       validation split), keep the 5 checkpoints with the lowest validation
+#       loss, stop after 10 validations without a new lowest, average those
+#       5: for budgets long enough to overfit (docs/training.md: the greedy
+#       BLEU of a few hundred sentences is too noisy to stop on).
 #
 #   bash scripts/multi30k.sh                      # 30 minutes of training
 #   MINUTES=120 SELECTION=best RUN_DIR=runs/m30k-2h bash scripts/multi30k.sh
@@ -29,8 +30,8 @@ SELECTION=${SELECTION:-last}
 ALPHA=${ALPHA:-1.0}
 case "$SELECTION" in
   last) SELECT_FLAGS=(--checkpoint-every 100 --validate-every 200 --bleu-sentences 0 --keep-best 0) ;;
-  best) SELECT_FLAGS=(--checkpoint-every 200 --validate-every 100 --bleu-sentences 200
-                      --bleu-search greedy --keep-best 5 --early-stopping-patience 10) ;;
+  best) SELECT_FLAGS=(--checkpoint-every 200 --validate-every 100 --bleu-sentences 0
+                      --best-metric loss --keep-best 5 --early-stopping-patience 10) ;;
   *) echo "error: SELECTION must be last or best, not '$SELECTION'" >&2; exit 2 ;;
 esac
 test_file() {
