@@ -3,6 +3,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer.data import batching
+from keras_transformer.data.subword_sampling import SubwordSampling
 from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
 
 WORDS = "the a dog cat house runs sees big small red blue green old new man woman boat".split()
@@ -198,16 +199,19 @@ def test_vocabularies_with_different_special_ids_are_refused(tokenizer):
         batching.tokenize_pairs(pairs, tokenizer, target_tokenizer=other)
 
 
-@pytest.mark.parametrize("cache", [False, True])
-def test_skipping_batches_resumes_the_stream_exactly(tokenizer, cache):
+@pytest.mark.parametrize("cache, sampling", [(False, None), (True, None),
+                                             (False, SubwordSampling(0.2, 8))])
+def test_skipping_batches_resumes_the_stream_exactly(tokenizer, cache, sampling):
     # A resumed run (same pairs, seed, arguments) skips what it trained on
-    # and sees what an uninterrupted run saw next, across epoch boundaries.
+    # and sees what an uninterrupted run saw next, across epoch boundaries;
+    # with subword sampling, the same segmentations too.
     pairs = as_dataset(corpus(150, seed=11))
 
     def stream(skip=0):
         return batching.token_batches(pairs, tokenizer, batch_tokens=300, max_length=64,
                                       shuffle_buffer=60, seed=7, repeat=True,
-                                      cache_tokenized=cache, skip_batches=skip)
+                                      cache_tokenized=cache, skip_batches=skip,
+                                      subword_sampling=sampling)
 
     whole = batch_arrays(stream(), 130)
     assert sum(len(b[0]) for b in whole) > 2 * 150  # past the first epochs
@@ -215,13 +219,14 @@ def test_skipping_batches_resumes_the_stream_exactly(tokenizer, cache):
         assert_same_batches(batch_arrays(stream(skip), 30), whole[skip:skip + 30])
 
 
-def test_the_shuffled_stream_is_deterministic_for_a_seed(tokenizer):
+@pytest.mark.parametrize("sampling", [None, SubwordSampling(0.2, 8)])
+def test_the_shuffled_stream_is_deterministic_for_a_seed(tokenizer, sampling):
     pairs = as_dataset(corpus(150, seed=12))
 
     def stream(seed):
         return batch_arrays(batching.token_batches(
             pairs, tokenizer, batch_tokens=300, max_length=64, shuffle_buffer=60, seed=seed,
-            repeat=True), 60)
+            repeat=True, subword_sampling=sampling), 60)
 
     first = stream(3)
     assert_same_batches(first, stream(3))

@@ -145,19 +145,13 @@ def test_jit_compile_trains_with_xla_on_one_shape_per_bucket(tmp_path, monkeypat
     import numpy as np
 
     from keras_transformer.cli import train as trainer
-    from keras_transformer.data import batching
+
+    from support.common import record_token_batches
 
     data = tmp_path / "data"
     data.mkdir()
     write_corpus(str(data))
-    fixed = []
-    token_batches = batching.token_batches
-
-    def spy(*args, **kwargs):
-        fixed.append(kwargs.get("fixed_shapes"))
-        return token_batches(*args, **kwargs)
-
-    monkeypatch.setattr(batching, "token_batches", spy)
+    calls = record_token_batches(monkeypatch)
     args = trainer.build_parser().parse_args([
         "--run-dir", str(tmp_path / "run"), "--data", f"text:{data}", "--src-lang", "en",
         "--tgt-lang", "de", "--config", "tiny", "--vocab-size", "400", "--train-steps", "2",
@@ -166,6 +160,7 @@ def test_jit_compile_trains_with_xla_on_one_shape_per_bucket(tmp_path, monkeypat
         "--valid-split", "val", "--bleu-sentences", "0", "--verbose", "0", "--jit-compile"])
     model = trainer.train(args)
     assert model.jit_compile is True  # Keras's default under a strategy is False
-    assert fixed == [True, True]  # training and validation batches: one shape per bucket
+    # Training and validation batches: one shape per bucket.
+    assert [c.get("fixed_shapes") for c in calls] == [True, True]
     assert int(model.optimizer.iterations.numpy()) == 2
     assert all(np.isfinite(w).all() for w in model.get_weights())

@@ -151,6 +151,10 @@ def test_a_missing_config_file_is_named():
     (["--valid-split", "", "--early-stopping-patience", "3"], r"needs validation data"),
     (["--bleu-sentences", "0", "--best-metric", "bleu"], r"--best-metric bleu needs"),
     (["--early-stopping-patience", "0"], r"--early-stopping-patience must be positive"),
+    (["--subword-sampling", "0"], r"--subword-sampling must be positive"),
+    (["--subword-sampling", "nan"], r"--subword-sampling must be positive"),
+    (["--subword-nbest", "8"], r"--subword-nbest applies to --subword-sampling only"),
+    (["--subword-sampling", "0.2", "--subword-nbest", "1"], r"--subword-nbest must be at least 2"),
 ])
 def test_bad_data_and_vocabulary_flags_are_named(extra, message):
     args = resolved(BASE + extra)

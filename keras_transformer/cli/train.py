@@ -14,6 +14,10 @@ import warnings
 
 from keras_transformer import startup
 
+# Kudo (2018)'s l for subword sampling in translation.
+DEFAULT_SUBWORD_NBEST = 64
+
+
 def build_parser():
     from keras_transformer.config import PRESETS
     from keras_transformer.training.strategy import PRECISIONS, STRATEGIES
@@ -75,6 +79,15 @@ def build_parser():
                    help="tokenize the training pairs once and keep their ids in memory "
                         "(saves the CPU that tokenizing every epoch takes; the ids of every "
                         "pair must fit in memory: fine for Multi30k, ~1.5 GB for WMT14)")
+    g.add_argument("--subword-sampling", type=float, default=None, metavar="ALPHA",
+                   help="subword regularization (Kudo 2018): each training pair's sides get "
+                        "a segmentation drawn from their --subword-nbest most likely ones "
+                        "with probability P^ALPHA, anew every epoch (0.1-0.5; unigram "
+                        "vocabularies; the candidates are kept in memory). Validation, "
+                        "BLEU and translation keep the best segmentation")
+    g.add_argument("--subword-nbest", type=int, default=None, metavar="L",
+                   help=f"candidates per sentence for --subword-sampling (default "
+                        f"{DEFAULT_SUBWORD_NBEST})")
     g.add_argument("--seed", type=int, default=1,
                    help="weights, dropout and data order; a resumed run keeps its seed")
     g = p.add_argument_group("vocabulary")
@@ -391,6 +404,15 @@ def validate_args(args):
     if args.early_stopping_patience and not _has_validation(args):
         raise ValueError("--early-stopping-patience needs validation data (--valid-split of "
                          "--data, --valid-src/--valid-tgt or --valid-tsv).")
+    if args.subword_sampling is not None and not args.subword_sampling > 0:
+        raise ValueError(f"--subword-sampling must be positive, received "
+                         f"{args.subword_sampling}.")
+    if args.subword_nbest is not None:
+        if args.subword_sampling is None:
+            raise ValueError("--subword-nbest applies to --subword-sampling only.")
+        if args.subword_nbest < 2:
+            raise ValueError(f"--subword-nbest must be at least 2, received "
+                             f"{args.subword_nbest}.")
     if args.best_metric == "bleu" and not args.bleu_sentences:
         raise ValueError("--best-metric bleu needs --bleu-sentences > 0.")
 
@@ -427,6 +449,21 @@ def _has_validation(args):
     return bool(_split_files(args, "valid") or (args.data and args.valid_split))
 
 
+def _subword_sampling(args, source_tokenizer, target_tokenizer):
+    """The `SubwordSampling` that --subword-sampling asks for (None without
+    it); ValueError naming the flag where a vocabulary is not unigram."""
+    if args.subword_sampling is None:
+        return None
+    from keras_transformer.data.subword_sampling import SubwordSampling, check_unigram
+
+    for tokenizer in {id(t): t for t in (source_tokenizer, target_tokenizer)}.values():
+        try:
+            check_unigram(tokenizer.model_proto)
+        except ValueError as e:
+            raise ValueError(f"--subword-sampling: {e}") from None
+    return SubwordSampling(args.subword_sampling, args.subword_nbest or DEFAULT_SUBWORD_NBEST)
+
+
 def weights_digest(model):
     """sha256 over every weight's bytes: equal digests, equal models."""
     import keras
@@ -446,7 +483,8 @@ FIXED_ON_RESUME = ("data", "src_lang", "tgt_lang", "config", "vocab_size", "posi
 # Arguments that decide the stream of training batches: a resumed run
 # continues the uninterrupted run's stream only if they are unchanged.
 DATA_STREAM = ("seed", "batch_tokens", "max_length", "shuffle_buffer", "accumulation_steps",
-               "cache_tokenized", "jit_compile", "strategy", "logical_cpus", "train_split")
+               "cache_tokenized", "jit_compile", "strategy", "logical_cpus", "train_split",
+               "subword_sampling", "subword_nbest")
 # Fields an --init-from model may change: regularisation and schedule.
 FINE_TUNABLE = ("dropout", "attention_dropout", "activation_dropout", "label_smoothing",
                 "warmup_steps")
@@ -873,6 +911,13 @@ def train(args, argv=None, extra_callbacks=()):
               "stream of batches.", flush=True)
     target = None if target_tokenizer is source_tokenizer else target_tokenizer
 
+    subword_sampling = _subword_sampling(args, source_tokenizer, target_tokenizer)
+    if subword_sampling is not None and chief:
+        print(f"Subword sampling: each side of a training pair gets a segmentation drawn "
+              f"from its {subword_sampling.nbest} most likely ones with probability "
+              f"P^{subword_sampling.alpha}, anew each time (the candidates are computed "
+              "once, as the first batch is read).", flush=True)
+
     def train_fn(context):
         pairs = corpus.pairs("train").shard(
             context.num_input_pipelines, context.input_pipeline_id)
@@ -880,7 +925,7 @@ def train(args, argv=None, extra_callbacks=()):
             pairs, source_tokenizer, args.batch_tokens, args.max_length, length_filter,
             shuffle_buffer=args.shuffle_buffer, seed=args.seed, repeat=True,
             cache_tokenized=args.cache_tokenized, fixed_shapes=args.jit_compile,
-            target_tokenizer=target, skip_batches=skip)
+            target_tokenizer=target, skip_batches=skip, subword_sampling=subword_sampling)
 
     train_ds = batching.distributed_dataset(strategy, train_fn)
     val_ds = None

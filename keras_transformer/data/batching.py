@@ -26,6 +26,8 @@ effective batch is `batch_tokens x replicas x gradient-accumulation steps`.
 
 import tensorflow as tf
 
+from keras_transformer.data.subword_sampling import sampled_pairs
+
 
 class LengthFilter(tf.Module):
     """Keeps pairs whose source and target are at most `max_length` tokens
@@ -180,6 +182,7 @@ def token_batches(
     fixed_shapes=False,
     target_tokenizer=None,
     skip_batches=0,
+    subword_sampling=None,
 ):
     """Token-budgeted, length-bucketed, padded batches for `model.fit`.
 
@@ -220,6 +223,13 @@ def token_batches(
             with the batches an uninterrupted run would have had next. The
             skipped pairs are still read, tokenized and counted by
             `length_filter`.
+        subword_sampling: a `subword_sampling.SubwordSampling`: each side of
+            a pair gets a segmentation drawn from its n best every time the
+            pair comes round (Kudo 2018; unigram vocabularies only), instead
+            of the tokenizer's one. Reads `pairs` once and keeps every
+            candidate's ids in memory (so `cache_tokenized` changes
+            nothing); the draws are keyed by `seed` and the pair's position
+            in the stream.
 
     Returns: a dataset of `((source_ids (batch, src_len), target_input_ids
     (batch, tgt_len)), target_ids (batch, tgt_len))`, int32, padded with
@@ -243,7 +253,10 @@ def token_batches(
             dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
         return dataset.repeat() if repeat else dataset
 
-    if cache_tokenized:
+    if subword_sampling is not None:
+        encoded = sampled_pairs(pairs, subword_sampling, tokenizer,
+                                target_tokenizer or tokenizer, seed, shuffled_and_repeated)
+    elif cache_tokenized:
         encoded = shuffled_and_repeated(
             tokenize_pairs(pairs, tokenizer, target_tokenizer=target_tokenizer).cache())
     else:

@@ -53,3 +53,20 @@ def train_with_and_without_eigen(monkeypatch, config, calls, steps=3):
         if not eigen:
             assert calls == []
     return runs
+
+
+def record_token_batches(monkeypatch):
+    """Makes `batching.token_batches` record the keyword arguments of each
+    call (kt-train's training and validation streams) in the returned list,
+    and then do its work."""
+    from keras_transformer.data import batching
+
+    calls = []
+    token_batches = batching.token_batches
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs)
+        return token_batches(*args, **kwargs)
+
+    monkeypatch.setattr(batching, "token_batches", recording)
+    return calls
