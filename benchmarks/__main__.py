@@ -35,6 +35,8 @@ SUBCOMMANDS = {
     "ctranslate2-bleu": ("ctranslate2_bleu", "BLEU of CTranslate2 exports vs the package's search"),
     "demo-settings": ("demo_settings", "the demo's training length and checkpoint averaging "
                                        "on validation, over seeds"),
+    "input-pipeline": ("input_pipeline", "CPU per update of the training input pipeline: "
+                                         "tokenize-once vs subword sampling"),
     "model-garden-multi30k": ("model_garden_multi30k", "Model Garden trained and scored as "
                                                        "scripts/multi30k.sh trains ours"),
 }

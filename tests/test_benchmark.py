@@ -140,3 +140,28 @@ def test_self_times_subtract_nested_events():
     after = Event(offset_ps=120, duration_ps=7)
     times = {id(e): ps for e, ps in profile_train.self_times([after, inner, outer, innermost])}
     assert [times[id(e)] for e in (outer, inner, innermost, after)] == [70, 25, 5, 7]
+
+
+def test_input_pipeline_benchmark_times_both_streams(tmp_path):
+    from benchmarks import input_pipeline
+    from support.processes import write_corpus
+    from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
+
+    write_corpus(str(tmp_path))
+    with open(tmp_path / "train.en") as f:
+        sentences = f.read().splitlines()
+    SubwordTokenizer(train_sentencepiece(sentences, vocab_size=400)).save(
+        str(tmp_path / "v.model"))
+    out = tmp_path / "pipeline.json"
+    report = input_pipeline.main([
+        "--data", str(tmp_path), "--src-lang", "en", "--tgt-lang", "de", "--vocab",
+        str(tmp_path / "v.model"), "--batch-tokens", "64", "--max-length", "32",
+        "--nbest", "4", "--warmup", "2", "--updates", "3", "--rounds", "2", "--json", str(out)])
+    assert json.loads(out.read_text()) == report
+    names = ["tokenize once", "subword sampling alpha 0.2, 4-best"]
+    assert list(report["setup"]) == names and len(report["rounds"]) == 2
+    for row in report["rounds"]:
+        assert list(row) == names
+        assert all(r["cpu_ms_per_update"] >= 0 and r["wall_ms_per_update"] > 0
+                   for r in row.values())
+    assert report["cpu"]["cores"] and report["commit"]
