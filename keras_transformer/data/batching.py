@@ -254,8 +254,10 @@ def token_batches(
         return dataset.repeat() if repeat else dataset
 
     if subword_sampling is not None:
-        encoded = sampled_pairs(pairs, subword_sampling, tokenizer,
-                                target_tokenizer or tokenizer, seed, shuffled_and_repeated)
+        encoded = sampled_pairs(
+            pairs, subword_sampling, tokenizer,
+            tokenizer if target_tokenizer is None else target_tokenizer, seed,
+            shuffled_and_repeated)
     elif cache_tokenized:
         encoded = shuffled_and_repeated(
             tokenize_pairs(pairs, tokenizer, target_tokenizer=target_tokenizer).cache())

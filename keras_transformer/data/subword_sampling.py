@@ -59,6 +59,11 @@ class SubwordSampling:
 def check_unigram(model_proto):
     """Raises ValueError unless the SentencePiece model can list a
     sentence's n best segmentations (unigram models can, BPE ones cannot)."""
+    _unigram_processor(model_proto)
+
+
+def _unigram_processor(model_proto):
+    """The model's `SentencePieceProcessor`; ValueError as `check_unigram`."""
     processor = sentencepiece.SentencePieceProcessor(model_proto=model_proto)
     try:
         processor.nbest_encode("a", nbest_size=2, out_type=int)
@@ -67,6 +72,7 @@ def check_unigram(model_proto):
             "Subword sampling needs a unigram SentencePiece vocabulary (its n best "
             "segmentations are the candidates); this one is not unigram (BPE?). Train one "
             "with `--vocab-model-type unigram`, the default.") from None
+    return processor
 
 
 def nbest_segmentations(model_proto, texts, nbest):
@@ -83,8 +89,7 @@ def nbest_segmentations(model_proto, texts, nbest):
     (candidates)]`, each the sum of its pieces' unigram log-probabilities
     (byte-fallback and special pieces count 0). No bos or eos.
     """
-    check_unigram(model_proto)
-    processor = sentencepiece.SentencePieceProcessor(model_proto=model_proto)
+    processor = _unigram_processor(model_proto)
     piece_log_probs = np.array(
         [processor.get_score(i) for i in range(processor.get_piece_size())], np.float32)
     # Compact arrays, and the texts a chunk at a time: Python lists of every
