@@ -2,7 +2,8 @@
 # The Multi30k English->German recipe (docs/training.md): train the `small`
 # model (for 2 hours, the narrower one below) for a wall-time budget,
 # translate test_2016_flickr with beam 4 / alpha 1.0 (chosen on the
-# validation split; ALPHA overrides) and score it with sacreBLEU. What is shipped:
+# validation split; ALPHA overrides) and score it with sacreBLEU. What is
+# shipped:
 #
 #   SELECTION=last (default): the average of the last 5 checkpoints (100
 #       updates apart), for budgets in which the model is still improving;
