@@ -9,8 +9,11 @@ random weights is exported twice: as the SavedModel (`export_translator`,
 beam 4, alpha 0.6, extra length 10) and as CTranslate2 model directories
 (`export_ctranslate2`, float32 and int8). The SavedModel's `serving_default`
 (graph) and `translate_xla` (the same search compiled by XLA) are timed in
-this process; CTranslate2 in a process of its own that imports neither
-TensorFlow nor this package (ctranslate2 and sentencepiece only), with
+this process, with `translate_xla` of a second export whose decoder weights
+are in `--xla-column-blocks` column blocks (default 2, as `kt-export
+--xla-column-blocks`), named `translate_xla_column_blocks`; CTranslate2 in
+a process of its own that imports neither TensorFlow nor this package
+(ctranslate2 and sentencepiece only), with
 `intra_threads` = the cores. Both sides tokenize and detokenize inside the
 timing. Rounds alternate between the two processes (the order flips every
 round) so that the machine's drift falls on both; each figure is the median
@@ -45,6 +48,7 @@ from benchmarks.bench_config import TRANSLATE_SHAPE, make_config
 from benchmarks.speed import bench_tokenizer_and_sentences
 
 SIGNATURES = ("serving_default", "translate_xla")
+BLOCKS_ENGINE = "translate_xla_column_blocks"
 QUANTIZATIONS = ("float32", "int8")
 
 # Runs in a fresh process: CTranslate2 alone, strings in and strings out.
@@ -90,9 +94,10 @@ print(json.dumps(out))
 """
 
 
-def build(config_name, work_dir, batch_size):
+def build(config_name, work_dir, batch_size, column_blocks=1):
     """Exports one random model of `config_name`; returns `(SavedModel
-    path, {quantization: CTranslate2 directory}, SentencePiece file,
+    path, SavedModel path with `column_blocks` column blocks or None,
+    {quantization: CTranslate2 directory}, SentencePiece file,
     sentences)`."""
     import keras
 
@@ -113,13 +118,21 @@ def build(config_name, work_dir, batch_size):
                             alpha=TRANSLATE_SHAPE["alpha"],
                             extra_length=TRANSLATE_SHAPE["extra_length"])
     saved_model = export_translator(translator, work_dir, name=config_name)
+    blocked = None
+    if column_blocks > 1:
+        blocked = export_translator(
+            Translator(model, tokenizer, beam_size=TRANSLATE_SHAPE["beam_size"],
+                       alpha=TRANSLATE_SHAPE["alpha"],
+                       extra_length=TRANSLATE_SHAPE["extra_length"],
+                       xla_column_blocks=column_blocks),
+            work_dir, name=f"{config_name}_blocks")
     engines = {}
     for quantization in QUANTIZATIONS:
         engines[quantization] = export_ctranslate2(
             model, tokenizer, tokenizer, os.path.join(work_dir, f"{config_name}_{quantization}"),
             quantization=quantization)
     spm = os.path.join(engines["float32"], SHARED_SENTENCEPIECE)
-    return saved_model, engines, spm, sentences
+    return saved_model, blocked, engines, spm, sentences
 
 
 def time_saved_model(serve, batch, singles, repeats):
@@ -151,12 +164,14 @@ def time_ctranslate2(engines, spm, batch, singles, repeats, threads):
 
 def measure(config_name, args):
     with tempfile.TemporaryDirectory() as work_dir:
-        saved_model, engines, spm, sentences = build(config_name, work_dir,
-                                                     TRANSLATE_SHAPE["batch"])
+        saved_model, blocked, engines, spm, sentences = build(
+            config_name, work_dir, TRANSLATE_SHAPE["batch"], args.xla_column_blocks)
         import tensorflow_text  # noqa: F401  (the SentencePiece ops, for loading)
 
         loaded = tf.saved_model.load(saved_model)
         serves = {name: loaded.signatures[name] for name in SIGNATURES}
+        if blocked is not None:
+            serves[BLOCKS_ENGINE] = tf.saved_model.load(blocked).signatures["translate_xla"]
         singles = sentences[:args.singles]
         for serve in serves.values():  # XLA compiles each shape bucket once
             serve(text=tf.constant(sentences))
@@ -218,6 +233,17 @@ def summarize(rounds, sentences, singles):
         "serving_default_p50_vs_ctranslate2_float32_p50": ratio(
             "serving_default", "ctranslate2_float32", 1, invert=True),
     }
+    if BLOCKS_ENGINE in rounds[0]:
+        figures["ratios"].update({
+            "xla_column_blocks_p50_vs_ctranslate2_float32_p50": ratio(
+                BLOCKS_ENGINE, "ctranslate2_float32", 1, invert=True),
+            "xla_column_blocks_throughput_vs_ctranslate2_int8": ratio(
+                BLOCKS_ENGINE, "ctranslate2_int8", 0, invert=False),
+            "xla_column_blocks_p50_vs_xla_p50": ratio(BLOCKS_ENGINE, "translate_xla", 1,
+                                                      invert=True),
+            "xla_column_blocks_throughput_vs_xla": ratio(BLOCKS_ENGINE, "translate_xla", 0,
+                                                         invert=False),
+        })
     figures["batch_sentences"] = len(sentences)
     figures["single_sentences"] = len(singles)
     return figures
@@ -236,11 +262,17 @@ def main(argv=None):
                         help="single-sentence requests per round and engine")
     parser.add_argument("--threads", type=int, default=os.cpu_count(),
                         help="CTranslate2's intra_threads (default: the cores)")
+    parser.add_argument("--xla-column-blocks", type=int, default=2, metavar="N",
+                        help="also time translate_xla of a SavedModel exported with N column "
+                        "blocks (kt-export --xla-column-blocks); 1: not (default: %(default)s)")
     parser.add_argument("--json", help="result file (default: benchmarks/results/...)")
     args = parser.parse_args(argv)
+    if args.xla_column_blocks < 1:
+        parser.error("--xla-column-blocks must be at least 1")
     report = provenance.record()
     report["shape"] = dict(TRANSLATE_SHAPE, singles=args.singles, repeats=args.repeats,
-                           rounds=args.rounds, ctranslate2_threads=args.threads)
+                           rounds=args.rounds, ctranslate2_threads=args.threads,
+                           xla_column_blocks=args.xla_column_blocks)
     report["results"] = {}
     for name in args.configs:
         report["results"][name] = measure(name, args)

@@ -13,7 +13,8 @@ inputs), `translate_ids` (token ids in and out), `translate_xla`,
 per-token log-probabilities and the source alignment); docs/serving.md
 describes them. It needs only TensorFlow and tensorflow-text to load.
 `--examples FILE` stores example source sentences in it, which kt-serve's
-playground offers.
+playground offers. `--xla-column-blocks 2` makes `translate_xla` faster for
+one sentence or a few on CPU, for a larger SavedModel (docs/performance.md).
 
 --format ctranslate2 writes a CTranslate2 model directory instead, for
 CTranslate2's CPU engine (needs `pip install ctranslate2`; see
@@ -86,6 +87,12 @@ def build_parser():
                         help="with --format ctranslate2: the weights' type: float32 "
                         "(default; the same translations as the model), int8 or "
                         "int8_float32 (int8 weights, one scale per row; float32 for the rest)")
+    parser.add_argument("--xla-column-blocks", type=int, default=1, metavar="N",
+                        help="with N > 1, translate_xla multiplies by copies of the decoder's "
+                        "weights and output table cut into N column blocks: the same "
+                        "translations to float32 rounding, lower latency for a few sentences "
+                        "on CPU (2 measured best on 2 cores; docs/performance.md), a "
+                        "SavedModel larger by those weights (default: %(default)s, none)")
     startup.add_arguments(parser)
     return parser
 
@@ -98,8 +105,12 @@ def check_arguments(parser, args):
             if value is not None:
                 parser.error(f"{flag} applies to --format saved_model, not ctranslate2")
         require_ctranslate2(parser)
+        if args.xla_column_blocks != 1:
+            parser.error("--xla-column-blocks applies to --format saved_model, not ctranslate2")
     elif args.quantization is not None:
         parser.error("--quantization applies to --format ctranslate2")
+    if args.xla_column_blocks < 1:
+        parser.error(f"--xla-column-blocks must be at least 1, received {args.xla_column_blocks}")
 
 
 def export(argv=None):
@@ -134,7 +145,7 @@ def export(argv=None):
         return path
     translator = translator_from_run_directory(
         run, prefix, beam_size=args.beam_size, alpha=args.alpha,
-        extra_length=args.extra_length,
+        extra_length=args.extra_length, xla_column_blocks=args.xla_column_blocks,
     )
     examples = None
     if args.examples:

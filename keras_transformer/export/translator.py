@@ -47,6 +47,8 @@ from keras_transformer.decoding import (
     sample_translate,
 )
 from keras_transformer.decoding.sampling import check_sampling_options
+from keras_transformer.layers import column_blocks
+from keras_transformer.layers.dense import Dense
 
 REPLACEMENT_CHARACTER = 0xFFFD
 
@@ -69,6 +71,42 @@ SOURCE_LENGTH_BUCKET = 8
 # translated once): there compiling is most of the time, so fewer, coarser
 # buckets pay (docs/performance.md).
 TEST_SET_LENGTH_BUCKET = 16
+
+
+def _column_blocks(model, blocks):
+    """`{id(layer): blocks}` for `column_blocks.using`: `blocks` column
+    blocks of each decoder `Dense` (`[(kernel, bias or None), ...]`) and of
+    the output projection (row blocks of the tied table, `[E_i, ...]`), as
+    new non-trainable variables; `{}` for `blocks == 1`."""
+    if not isinstance(blocks, int) or isinstance(blocks, bool) or blocks < 1:
+        raise ValueError(f"`xla_column_blocks` must be an int >= 1, received {blocks!r}.")
+    if blocks == 1:
+        return {}
+
+    def variables(arrays, name):
+        return [tf.Variable(a, trainable=False, name=f"{name}_block{i}")
+                for i, a in enumerate(arrays)]
+
+    layers = [layer for layer in model.decoder._flatten_layers(include_self=False)
+              if isinstance(layer, Dense)]
+    if model.output_projection is not None:
+        layers.append(model.output_projection)
+    found = {}
+    for layer in layers:
+        if getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None):
+            continue
+        kernels = variables(column_blocks.split(layer.kernel.numpy(), blocks, axis=1),
+                            layer.kernel.path)
+        biases = ([None] * blocks if layer.bias is None else
+                  variables(column_blocks.split(layer.bias.numpy(), blocks, axis=0),
+                            layer.bias.path))
+        found[id(layer)] = list(zip(kernels, biases))
+    if model.output_projection is None:
+        table = model.target_embedding.token_embedding
+        found[id(table)] = variables(
+            column_blocks.split(table.embeddings.numpy(), blocks, axis=0),
+            table.embeddings.path)
+    return found
 
 
 class _Unchecked:
@@ -102,6 +140,15 @@ class Translator(tf.Module):
             detokenizes the output; None: `tokenizer` (shared vocabulary).
             Both are tracked (`tokenizer`, `target_pieces`), so a SavedModel
             carries both vocabularies in its graph.
+        xla_column_blocks: int >= 1. Above 1, the XLA search (`serve_xla`,
+            `translate(jit_compile=True)`) multiplies by copies of the decoder's
+            weights and of the output table cut into this many column blocks
+            (`layers/column_blocks.py`): the same translations to float32
+            rounding, lower latency for a few sentences on CPU, and a
+            SavedModel larger by those weights. The copies are taken here,
+            so build the Translator from the trained weights (as `kt-export`
+            does); later changes to the model's weights do not reach the XLA
+            search. The graph signatures use the model's own weights.
 
     Serving functions (`tf.function`s with input signatures, exported as
     signatures by `export_translator`):
@@ -146,7 +193,7 @@ class Translator(tf.Module):
 
     def __init__(self, model, tokenizer, beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA,
                  extra_length=DEFAULT_EXTRA_LENGTH, target_tokenizer=None,
-                 name="translator"):
+                 xla_column_blocks=1, name="translator"):
         super().__init__(name=name)
         config = model.config
         target_tokenizer = tokenizer if target_tokenizer is None else target_tokenizer
@@ -163,8 +210,14 @@ class Translator(tf.Module):
         for weight in model.weights:
             value = getattr(weight, "value", weight)
             unique.setdefault(id(value), value)
-        # The only variables saved: each model weight once.
+        # The variables saved: each model weight once, and the column blocks.
         self.model_variables = list(unique.values())
+        blocks = _column_blocks(model, xla_column_blocks)
+        self.xla_column_blocks = xla_column_blocks
+        self.column_block_variables = [v for layer in blocks.values() for pair in layer
+                                       for v in (pair if isinstance(pair, tuple) else (pair,))
+                                       if v is not None]
+        self._column_blocks = _Unchecked(blocks)
         self.beam_size = beam_size
         self.alpha = float(alpha)
         self.extra_length = extra_length
@@ -188,6 +241,7 @@ class Translator(tf.Module):
             "alpha": self.alpha,
             "extra_length": self.extra_length,
             "max_source_tokens": self.max_source_tokens,
+            "xla_column_blocks": self.xla_column_blocks,
             "shared_vocabulary": self.target_tokenizer is self.tokenizer,
             "source_vocab_size": self.tokenizer.vocab_size,
             "target_vocab_size": self.target_tokenizer.vocab_size,
@@ -576,10 +630,14 @@ class Translator(tf.Module):
         searches = self._xla_searches.value
         if key not in searches:
             model = self.model
-            searches[key] = tf.function(
-                lambda source_ids, lengths: beam_search_translate(
-                    model, source_ids, beam_size, alpha, extra_length, lengths),
-                jit_compile=True, autograph=False)
+            blocks = self._column_blocks.value
+
+            def search(source_ids, lengths):
+                with column_blocks.using(blocks):
+                    return beam_search_translate(model, source_ids, beam_size, alpha,
+                                                 extra_length, lengths)
+
+            searches[key] = tf.function(search, jit_compile=True, autograph=False)
         return searches[key]
 
     def _translate_tokens_static(self, tokens, search, batch_size=None,

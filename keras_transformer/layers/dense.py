@@ -8,13 +8,16 @@ TensorFlow the bias add then follows a reshape, so Grappler cannot fuse it
 (and the ReLU) into the matmul. Multiplying `(batch * length, d)` lets it.
 In float32 training where TensorFlow multiplies with Eigen,
 `keras_transformer.dispatch.dense` may take a written-out gradient with
-products in slices instead (`kernels/dense.py`).
+products in slices instead (`kernels/dense.py`). Outside training, in a
+search traced under `column_blocks.using`, a layer with column blocks
+multiplies by them instead (`layers/column_blocks.py`).
 """
 
 import keras
 from keras import ops
 
 from keras_transformer import dispatch
+from keras_transformer.layers import column_blocks
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -33,4 +36,7 @@ class Dense(keras.layers.Dense):
         return ops.reshape(outputs, tuple(shape[:-1]) + (self.units,))
 
     def _call_2d(self, inputs, training):
+        blocks = None if training else column_blocks.blocks_for(self)
+        if blocks is not None:  # a search traced with column blocks
+            return column_blocks.dense(inputs, blocks, self.activation)
         return dispatch.dense(self, inputs, training, super().call)

@@ -8,6 +8,7 @@ from keras import ops
 
 from keras_transformer import dispatch
 from keras_transformer.config import POSITION_ENCODINGS
+from keras_transformer.layers import column_blocks
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.position_encoding import (
     LearnedPositionEmbedding,
@@ -68,14 +69,20 @@ class TokenEmbedding(keras.layers.Layer):
         TensorFlow's CPU matmul is slow with the large operand transposed
         and few rows, which is every decoding step (XLA compiles the two
         forms alike). Training keeps `x E^T`, through
-        `keras_transformer.dispatch.vocabulary_logits`.
+        `keras_transformer.dispatch.vocabulary_logits`. In a search traced
+        under `column_blocks.using` with row blocks of `E` for this layer,
+        the product is taken block by block (`layers/column_blocks.py`).
         """
         kernel = ops.cast(self.embeddings, x.dtype)
         if training:
             return ops.cast(dispatch.vocabulary_logits(x, kernel), "float32")
         shape = ops.shape(x)
         rows = ops.reshape(x, (-1, shape[-1]))
-        logits = ops.transpose(ops.matmul(kernel, ops.transpose(rows)))
+        blocks = column_blocks.blocks_for(self)
+        if blocks is not None:  # a search traced with the table in row blocks
+            logits = column_blocks.table_logits(rows, blocks)
+        else:
+            logits = ops.transpose(ops.matmul(kernel, ops.transpose(rows)))
         return ops.cast(ops.reshape(logits, tuple(shape[:-1]) + (self.vocab_size,)), "float32")
 
     def get_config(self):

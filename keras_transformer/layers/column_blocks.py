@@ -1,0 +1,79 @@
+"""The decoder's products in column blocks: `x W` as `[x W_1, ..., x W_n]`.
+
+A decoding step for one sentence multiplies a few rows (the beams) by every
+weight of the decoder and by the output table. Given copies of those
+weights cut into column blocks, each product becomes `n` smaller
+independent ones, which XLA:CPU runs side by side on its threads instead of
+one call that spreads badly over them; docs/performance.md has the
+measurements. The math is the same (each output column is the same dot
+product), so results agree to float32 rounding.
+
+The copies are made once from trained weights (`split`) and passed to the
+layers through `using`, while a search is traced: `Dense` (`layers/dense.py`)
+and `TokenEmbedding.logits` (`layers/embedding.py`) outside training look
+their layer up with `blocks_for` and multiply by its blocks when it has
+some. `keras.ops` only; `export.Translator(xla_column_blocks=n)` owns the
+copies.
+"""
+
+import contextlib
+
+import numpy as np
+from keras import ops
+
+_ACTIVE = []
+
+
+def block_sizes(columns, blocks):
+    """`blocks` sizes summing to `columns`, the first ones one larger
+    where it does not divide (as `numpy.array_split`)."""
+    if not isinstance(blocks, int) or isinstance(blocks, bool) or blocks < 1:
+        raise ValueError(f"`blocks` must be an int >= 1, received {blocks!r}.")
+    if blocks > columns:
+        raise ValueError(f"Cannot cut {columns} columns into {blocks} blocks.")
+    return [len(part) for part in np.array_split(np.arange(columns), blocks)]
+
+
+def split(array, blocks, axis):
+    """`array` (NumPy) cut into `blocks` contiguous copies along `axis`."""
+    array = np.asarray(array)
+    sizes = block_sizes(array.shape[axis], blocks)
+    return [np.ascontiguousarray(part)
+            for part in np.split(array, np.cumsum(sizes)[:-1], axis=axis)]
+
+
+@contextlib.contextmanager
+def using(blocks_by_layer):
+    """While active, `blocks_for(layer)` returns `blocks_by_layer[id(layer)]`
+    (a mapping from `id` of a layer to its blocks). Meant around the
+    tracing of a search: what is traced keeps the blocks."""
+    _ACTIVE.append(blocks_by_layer)
+    try:
+        yield
+    finally:
+        _ACTIVE.pop()
+
+
+def blocks_for(layer):
+    """The innermost active `using`'s blocks of `layer`, or None."""
+    return _ACTIVE[-1].get(id(layer)) if _ACTIVE else None
+
+
+def dense(x, blocks, activation):
+    """`activation(x W + b)` from `blocks` `[(W_i (d_in, c_i), b_i (c_i,)
+    or None), ...]`, `x` `(rows, d_in)` -> `(rows, sum c_i)`."""
+    outputs = []
+    for kernel, bias in blocks:
+        y = ops.matmul(x, ops.cast(kernel, x.dtype))
+        if bias is not None:
+            y = y + ops.cast(bias, x.dtype)
+        outputs.append(y)
+    return activation(ops.concatenate(outputs, axis=-1))
+
+
+def table_logits(rows, blocks):
+    """`x E^T` from row blocks of the table `E` `[E_i (v_i, d), ...]`, as
+    `(E_i x^T)^T` per block (`TokenEmbedding.logits`' form outside
+    training); `rows` `(rows, d)` -> `(rows, sum v_i)`."""
+    parts = [ops.matmul(ops.cast(table, rows.dtype), ops.transpose(rows)) for table in blocks]
+    return ops.transpose(ops.concatenate(parts, axis=0))
