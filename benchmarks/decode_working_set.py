@@ -6,6 +6,7 @@ of the step.
     python -m benchmarks working-set              # bench config, 4 rows
     python -m benchmarks working-set --rows 128   # the bench batch (32 x beam 4)
     python -m benchmarks working-set --dtype bfloat16   # weights stored in bfloat16
+    python -m benchmarks working-set --column-blocks 2  # as kt-export --xla-column-blocks 2
 
 One sentence at beam 4 multiplies 4 rows a step (a latency request), so each
 product reads its whole weight for a little arithmetic, and a step reads all
@@ -41,6 +42,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from benchmarks.bench_config import make_config  # noqa: E402
+from keras_transformer.layers import column_blocks  # noqa: E402
 from benchmarks.speed import time_rounds  # noqa: E402
 
 
@@ -56,19 +58,23 @@ class StepPart:
     """`layers` decoder layers, then the tied projection if `projection`,
     as one compiled loop of `steps` steps on `rows` rows of float32."""
 
-    def __init__(self, config, layers, projection, rows, steps, seed, dtype="float32"):
+    def __init__(self, config, layers, projection, rows, steps, seed, dtype="float32",
+                 blocks=1):
         rng = np.random.default_rng(seed)
         self.dtype = tf.as_dtype(dtype)
 
-        def weight(rows_in, cols):
-            scaled = rng.standard_normal((rows_in, cols)) / np.sqrt(rows_in)
-            return tf.Variable(tf.cast(scaled.astype("float32"), self.dtype))
+        def weight(rows_in, cols, axis=1):
+            # `blocks` > 1: stored as column blocks (row blocks of the
+            # table), as `Translator(xla_column_blocks=blocks)` stores them.
+            scaled = (rng.standard_normal((rows_in, cols)) / np.sqrt(rows_in)).astype("float32")
+            return [tf.Variable(tf.cast(part, self.dtype))
+                    for part in column_blocks.split(scaled, blocks, axis)]
 
         self.layers = [[weight(*s) for s in layer_shapes(config)] for _ in range(layers)]
-        self.table = weight(config.vocab_size, config.d_model) if projection else None
+        self.table = weight(config.vocab_size, config.d_model, axis=0) if projection else None
         weights = [w for ws in self.layers for w in ws] + ([self.table] if projection else [])
         self.products = len(weights)
-        self.parameters = sum(int(np.prod(w.shape)) for w in weights)
+        self.parameters = sum(int(np.prod(part.shape)) for w in weights for part in w)
         self.bytes = self.dtype.size * self.parameters
         self.rows, self.steps = rows, steps
         self.x = tf.constant(rng.standard_normal((rows, config.d_model)).astype("float32"))
@@ -81,15 +87,17 @@ class StepPart:
         h = x
 
         def mm(a, w):  # a float32 product of float32 activations and stored weights
-            return tf.cast(tf.cast(a, self.dtype) @ w, tf.float32)
+            a = tf.cast(a, self.dtype)
+            return tf.cast(tf.concat([a @ part for part in w], axis=1), tf.float32)
 
         for wq, wk, wv, wo, cq, co, w1, w2 in self.layers:
             h = tf.tanh(mm(tf.tanh(mm(h, wq) + mm(h, wk) + mm(h, wv)), wo))
             h = tf.tanh(mm(tf.tanh(mm(h, cq)), co))
             h = tf.tanh(mm(tf.nn.relu(mm(h, w1)), w2))
         if self.table is not None:
-            logits = tf.cast(tf.transpose(tf.matmul(
-                self.table, tf.cast(h, self.dtype), transpose_b=True)), tf.float32)
+            logits = tf.cast(tf.transpose(tf.concat(
+                [tf.matmul(part, tf.cast(h, self.dtype), transpose_b=True)
+                 for part in self.table], axis=0)), tf.float32)
             h = tf.tanh(logits[:, : h.shape[1]])
         return x + 1e-3 * h
 
@@ -108,12 +116,16 @@ def main(argv=None):
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                         help="the weights' storage type; activations are cast to it for each "
                              "product and the products return float32")
+    parser.add_argument("--column-blocks", type=int, default=1, metavar="N",
+                        help="store each weight as N column blocks and multiply block by "
+                             "block, as kt-export --xla-column-blocks N (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=8, help="loops per part per round")
     args = parser.parse_args(argv)
-    for name in ("rows", "steps", "rounds", "repeats"):
+    for name in ("rows", "steps", "rounds", "repeats", "column_blocks"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+            flag = "--" + name.replace("_", "-")
+            parser.error(f"{flag} must be at least 1, got {getattr(args, name)}")
 
     config = make_config(args.config)
     n = config.num_layers
@@ -124,7 +136,8 @@ def main(argv=None):
     parts["whole step"] = (n, True, args.rows)
     if args.rows != 1:
         parts["whole step, 1 row"] = (n, True, 1)
-    parts = {name: StepPart(config, *spec, steps=args.steps, seed=i, dtype=args.dtype)
+    parts = {name: StepPart(config, *spec, steps=args.steps, seed=i, dtype=args.dtype,
+                            blocks=args.column_blocks)
              for i, (name, spec) in enumerate(parts.items())}
     times = time_rounds({name: (lambda part=part: part.run(part.x).numpy())
                          for name, part in parts.items()},

@@ -73,7 +73,19 @@ def test_the_blocks_are_what_is_multiplied_outside_training_only():
     with column_blocks.using({id(layer): zeros}):
         np.testing.assert_array_equal(layer(x).numpy(), np.zeros((3, 6)))
         assert np.abs(layer(x, training=True).numpy()).max() > 0
-    assert column_blocks.blocks_for(layer) is None  # the scope has ended
+    assert column_blocks.blocks_for(layer, x) is None  # the scope has ended
+
+
+def test_products_of_many_rows_use_the_layers_own_weights():
+    layer = Dense(6)
+    layer.build((None, 5))
+    zeros = [(np.zeros((5, 3), "float32"), np.zeros(3, "float32"))] * 2
+    limit = column_blocks.MAX_ROWS
+    with column_blocks.using({id(layer): zeros}):
+        assert np.abs(layer(np.ones((limit, 5), "float32")).numpy()).max() == 0
+        np.testing.assert_array_equal(layer(np.ones((limit + 1, 5), "float32")).numpy(),
+                                      layer(np.ones((limit + 1, 5), "float32"),
+                                            training=True).numpy())
 
 
 def test_table_logits_in_row_blocks_are_the_same_product():
@@ -106,8 +118,8 @@ def tiny(tmp_path_factory):
         blocked = Translator(model, tokenizer, beam_size=3, alpha=0.6, extra_length=5,
                              xla_column_blocks=2)
         result = {
-            "plain_xla": plain.translate(SENTENCES, jit_compile=True),
-            "blocked_xla": blocked.translate(SENTENCES, jit_compile=True),
+            "plain_xla": plain.translate(SENTENCES, batch_size=4, jit_compile=True),
+            "blocked_xla": blocked.translate(SENTENCES, batch_size=4, jit_compile=True),
             "blocked_graph": blocked.translate(SENTENCES),
             "plain_graph": plain.translate(SENTENCES),
             "variables": len(blocked.column_block_variables),
@@ -120,7 +132,7 @@ def tiny(tmp_path_factory):
         # Zeroed blocks must change what the XLA search computes and only that.
         for variable in blocked.column_block_variables:
             variable.assign(tf.zeros_like(variable))
-        result["zeroed_xla"] = blocked.translate(SENTENCES, jit_compile=True)
+        result["zeroed_xla"] = blocked.translate(SENTENCES, batch_size=4, jit_compile=True)
         result["zeroed_graph"] = blocked.translate(SENTENCES)
         out[tied] = result
     return out

@@ -15,26 +15,36 @@ from benchmarks.bench_config import make_config
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def whole(weight, axis=1):
+    """A stored weight (its column blocks; row blocks of the table) as one
+    float32 array."""
+    return np.concatenate([p.numpy().astype(np.float32) for p in weight], axis=axis)
+
+
 def numpy_step(part, x):
     """The step the docstring describes, in NumPy, on the part's weights."""
     h = x
-    for wq, wk, wv, wo, cq, co, w1, w2 in [[w.numpy().astype(np.float32) for w in ws]
-                                           for ws in part.layers]:
+    for wq, wk, wv, wo, cq, co, w1, w2 in [[whole(w) for w in ws] for ws in part.layers]:
         h = np.tanh(np.tanh(h @ wq + h @ wk + h @ wv) @ wo)
         h = np.tanh(np.tanh(h @ cq) @ co)
         h = np.tanh(np.maximum(h @ w1, 0) @ w2)
     if part.table is not None:
-        h = np.tanh((h @ part.table.numpy().astype(np.float32).T)[:, : h.shape[1]])
+        h = np.tanh((h @ whole(part.table, axis=0).T)[:, : h.shape[1]])
     return x + 1e-3 * h
 
 
-@pytest.mark.parametrize("layers, projection", [(2, True), (1, False), (0, True)])
-def test_the_loop_multiplies_by_the_decoders_and_the_tables_weights(layers, projection):
+@pytest.mark.parametrize("layers, projection, blocks",
+                         [(2, True, 1), (1, False, 1), (0, True, 1), (2, True, 2), (1, True, 3)])
+def test_the_loop_multiplies_by_the_decoders_and_the_tables_weights(layers, projection, blocks):
     config = make_config("tiny")
-    part = decode_working_set.StepPart(config, layers, projection, rows=3, steps=2, seed=0)
+    part = decode_working_set.StepPart(config, layers, projection, rows=3, steps=2, seed=0,
+                                       blocks=blocks)
     d, f, v = config.d_model, config.d_ff, config.vocab_size
-    assert [tuple(w.shape) for w in (part.layers[0] if layers else [])] == (
+    assert [whole(w).shape for w in (part.layers[0] if layers else [])] == (
         [(d, d)] * 6 + [(d, f), (f, d)] if layers else [])
+    assert all(len(w) == blocks for ws in part.layers for w in ws)
+    if projection:
+        assert len(part.table) == blocks and whole(part.table, axis=0).shape == (v, d)
     assert part.products == 8 * layers + projection
     assert part.bytes == 4 * (layers * (6 * d * d + 2 * d * f) + projection * v * d)
     expected = numpy_step(part, numpy_step(part, part.x.numpy()))
@@ -46,7 +56,7 @@ def test_bfloat16_weights_are_stored_in_half_the_bytes_and_multiply_as_float32()
     part = decode_working_set.StepPart(config, 1, True, rows=3, steps=2, seed=0,
                                        dtype="bfloat16")
     d, f, v = config.d_model, config.d_ff, config.vocab_size
-    assert all(w.dtype.name == "bfloat16" for w in part.layers[0] + [part.table])
+    assert all(p.dtype.name == "bfloat16" for w in part.layers[0] + [part.table] for p in w)
     assert part.bytes == 2 * (6 * d * d + 2 * d * f + v * d)
     out = part.run(part.x)
     assert out.dtype.name == "float32"
@@ -79,6 +89,8 @@ def test_prints_every_part_and_the_penalty():
     assert lines[-1].startswith("penalty ") and float(lines[-1].split()[1]) > 0
 
 
-def test_refuses_a_count_below_one():
+@pytest.mark.parametrize("flag", ["--rows", "--column-blocks"])
+def test_refuses_a_count_below_one(flag, capsys):
     with pytest.raises(SystemExit):
-        decode_working_set.main(["--rows", "0"])
+        decode_working_set.main([flag, "0"])
+    assert f"{flag} must be at least 1" in capsys.readouterr().err

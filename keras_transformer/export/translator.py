@@ -143,9 +143,10 @@ class Translator(tf.Module):
         xla_column_blocks: int >= 1. Above 1, the XLA search (`serve_xla`,
             `translate(jit_compile=True)`) multiplies by copies of the decoder's
             weights and of the output table cut into this many column blocks
-            (`layers/column_blocks.py`): the same translations to float32
-            rounding, lower latency for a few sentences on CPU, and a
-            SavedModel larger by those weights. The copies are taken here,
+            (`layers/column_blocks.py`) in products of at most
+            `column_blocks.MAX_ROWS` rows (8 sentences at beam 4): the same
+            translations to float32 rounding, lower latency for a few
+            sentences on CPU, and a SavedModel larger by those weights. The copies are taken here,
             so build the Translator from the trained weights (as `kt-export`
             does); later changes to the model's weights do not reach the XLA
             search. The graph signatures use the model's own weights.

@@ -12,7 +12,9 @@ The copies are made once from trained weights (`split`) and passed to the
 layers through `using`, while a search is traced: `Dense` (`layers/dense.py`)
 and `TokenEmbedding.logits` (`layers/embedding.py`) outside training look
 their layer up with `blocks_for` and multiply by its blocks when it has
-some. `keras.ops` only; `export.Translator(xla_column_blocks=n)` owns the
+some and the product has at most `MAX_ROWS` rows, known when traced (a
+search's shapes are static under XLA). Larger products, which keep both
+threads busy as they are, use the layer's own weights. `keras.ops` only; `export.Translator(xla_column_blocks=n)` owns the
 copies.
 """
 
@@ -22,6 +24,9 @@ import numpy as np
 from keras import ops
 
 _ACTIVE = []
+# Up to 8 sentences at beam 4; at the 128 rows of 32 sentences the blocks
+# cost throughput (docs/performance.md).
+MAX_ROWS = 32
 
 
 def block_sizes(columns, blocks):
@@ -54,9 +59,13 @@ def using(blocks_by_layer):
         _ACTIVE.pop()
 
 
-def blocks_for(layer):
-    """The innermost active `using`'s blocks of `layer`, or None."""
-    return _ACTIVE[-1].get(id(layer)) if _ACTIVE else None
+def blocks_for(layer, rows):
+    """The innermost active `using`'s blocks of `layer` for a product
+    of `rows` `(n, d)`, or None: none active, none for this layer, or `n`
+    unknown when traced or above `MAX_ROWS`."""
+    if not _ACTIVE or rows.shape[0] is None or rows.shape[0] > MAX_ROWS:
+        return None
+    return _ACTIVE[-1].get(id(layer))
 
 
 def dense(x, blocks, activation):

@@ -10,7 +10,7 @@ In float32 training where TensorFlow multiplies with Eigen,
 `keras_transformer.dispatch.dense` may take a written-out gradient with
 products in slices instead (`kernels/dense.py`). Outside training, in a
 search traced under `column_blocks.using`, a layer with column blocks
-multiplies by them instead (`layers/column_blocks.py`).
+multiplies a few rows by them instead (`layers/column_blocks.py`).
 """
 
 import keras
@@ -36,7 +36,7 @@ class Dense(keras.layers.Dense):
         return ops.reshape(outputs, tuple(shape[:-1]) + (self.units,))
 
     def _call_2d(self, inputs, training):
-        blocks = None if training else column_blocks.blocks_for(self)
+        blocks = None if training else column_blocks.blocks_for(self, inputs)
         if blocks is not None:  # a search traced with column blocks
             return column_blocks.dense(inputs, blocks, self.activation)
         return dispatch.dense(self, inputs, training, super().call)

@@ -71,14 +71,15 @@ class TokenEmbedding(keras.layers.Layer):
         forms alike). Training keeps `x E^T`, through
         `keras_transformer.dispatch.vocabulary_logits`. In a search traced
         under `column_blocks.using` with row blocks of `E` for this layer,
-        the product is taken block by block (`layers/column_blocks.py`).
+        a product of few rows is taken block by block
+        (`layers/column_blocks.py`).
         """
         kernel = ops.cast(self.embeddings, x.dtype)
         if training:
             return ops.cast(dispatch.vocabulary_logits(x, kernel), "float32")
         shape = ops.shape(x)
         rows = ops.reshape(x, (-1, shape[-1]))
-        blocks = column_blocks.blocks_for(self)
+        blocks = column_blocks.blocks_for(self, rows)
         if blocks is not None:  # a search traced with the table in row blocks
             logits = column_blocks.table_logits(rows, blocks)
         else:
