@@ -3,18 +3,16 @@
 A decoding step for one sentence multiplies a few rows (the beams) by every
 weight of the decoder and by the output table. Given copies of those
 weights cut into column blocks, each product becomes `n` smaller
-independent ones, which XLA:CPU runs side by side on its threads instead of
-one call that spreads badly over them; docs/performance.md has the
-measurements. The math is the same (each output column is the same dot
+independent ones, which XLA:CPU may run side by side on its threads;
+docs/performance.md has the measurements. The math is the same (each output column is the same dot
 product), so results agree to float32 rounding.
 
 The copies are made once from trained weights (`split`) and passed to the
 layers through `using`, while a search is traced: `Dense` (`layers/dense.py`)
 and `TokenEmbedding.logits` (`layers/embedding.py`) outside training look
-their layer up with `blocks_for` and multiply by its blocks when it has
-some and the product has at most `MAX_ROWS` rows, known when traced (a
-search's shapes are static under XLA). Larger products, which keep both
-threads busy as they are, use the layer's own weights. `keras.ops` only; `export.Translator(xla_column_blocks=n)` owns the
+their layer up (`product`) and multiply by its blocks when it has some and
+the product has at most `MAX_ROWS` rows. Larger products use the layer's
+own weights. `keras.ops` only; `export.Translator(xla_column_blocks=n)` owns the
 copies.
 """
 
@@ -49,7 +47,7 @@ def split(array, blocks, axis):
 
 @contextlib.contextmanager
 def using(blocks_by_layer):
-    """While active, `blocks_for(layer)` returns `blocks_by_layer[id(layer)]`
+    """While active, `product` finds a layer's blocks in `blocks_by_layer`
     (a mapping from `id` of a layer to its blocks). Meant around the
     tracing of a search: what is traced keeps the blocks."""
     _ACTIVE.append(blocks_by_layer)
@@ -59,13 +57,21 @@ def using(blocks_by_layer):
         _ACTIVE.pop()
 
 
-def blocks_for(layer, rows):
-    """The innermost active `using`'s blocks of `layer` for a product
-    of `rows` `(n, d)`, or None: none active, none for this layer, or `n`
-    unknown when traced or above `MAX_ROWS`."""
-    if not _ACTIVE or rows.shape[0] is None or rows.shape[0] > MAX_ROWS:
-        return None
-    return _ACTIVE[-1].get(id(layer))
+def product(layer, rows, blocked, whole):
+    """`blocked(blocks)` if the innermost active `using` has blocks for
+    `layer` and `rows` `(n, d)` has at most `MAX_ROWS` rows, else `whole()`.
+
+    With `n` unknown when traced (a SavedModel signature's batch), a
+    conditional on it chooses; XLA compiles each batch shape on its own and
+    keeps only the branch that shape takes.
+    """
+    blocks = _ACTIVE[-1].get(id(layer)) if _ACTIVE else None
+    if blocks is None:
+        return whole()
+    n = rows.shape[0]
+    if n is not None:
+        return blocked(blocks) if n <= MAX_ROWS else whole()
+    return ops.cond(ops.shape(rows)[0] <= MAX_ROWS, lambda: blocked(blocks), whole)
 
 
 def dense(x, blocks, activation):

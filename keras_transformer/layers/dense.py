@@ -36,7 +36,13 @@ class Dense(keras.layers.Dense):
         return ops.reshape(outputs, tuple(shape[:-1]) + (self.units,))
 
     def _call_2d(self, inputs, training):
-        blocks = None if training else column_blocks.blocks_for(self, inputs)
-        if blocks is not None:  # a search traced with column blocks
-            return column_blocks.dense(inputs, blocks, self.activation)
-        return dispatch.dense(self, inputs, training, super().call)
+        portable = super().call
+
+        def whole():
+            return dispatch.dense(self, inputs, training, portable)
+
+        if training:
+            return whole()
+        return column_blocks.product(  # blocks only in a search traced with them
+            self, inputs, lambda blocks: column_blocks.dense(inputs, blocks, self.activation),
+            whole)

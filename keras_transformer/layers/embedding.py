@@ -79,11 +79,9 @@ class TokenEmbedding(keras.layers.Layer):
             return ops.cast(dispatch.vocabulary_logits(x, kernel), "float32")
         shape = ops.shape(x)
         rows = ops.reshape(x, (-1, shape[-1]))
-        blocks = column_blocks.blocks_for(self, rows)
-        if blocks is not None:  # a search traced with the table in row blocks
-            logits = column_blocks.table_logits(rows, blocks)
-        else:
-            logits = ops.transpose(ops.matmul(kernel, ops.transpose(rows)))
+        logits = column_blocks.product(  # blocks only in a search traced with them
+            self, rows, lambda blocks: column_blocks.table_logits(rows, blocks),
+            lambda: ops.transpose(ops.matmul(kernel, ops.transpose(rows))))
         return ops.cast(ops.reshape(logits, tuple(shape[:-1]) + (self.vocab_size,)), "float32")
 
     def get_config(self):
