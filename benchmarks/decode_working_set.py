@@ -6,7 +6,7 @@ of the step.
     python -m benchmarks working-set              # bench config, 4 rows
     python -m benchmarks working-set --rows 128   # the bench batch (32 x beam 4)
     python -m benchmarks working-set --dtype bfloat16   # weights stored in bfloat16
-    python -m benchmarks working-set --column-blocks 2  # as kt-export --xla-column-blocks 2
+    python -m benchmarks working-set --column-blocks 2  # + the step in 2 column blocks
 
 One sentence at beam 4 multiplies 4 rows a step (a latency request), so each
 product reads its whole weight for a little arithmetic, and a step reads all
@@ -15,7 +15,10 @@ configuration). Each part is its own compiled loop with its own weights:
 the first decoder layer, the first two, ..., all of them, the output
 projection alone, and the whole step (all layers and the projection), and
 the whole step once more with one row (XLA:CPU emits a one-row product as
-its own matrix-vector kernel, not a call into Eigen). The parts alternate in
+its own matrix-vector kernel, not a call into Eigen), and with
+`--column-blocks N` once more with each weight stored as N column blocks
+(row blocks of the table), as `kt-export --xla-column-blocks N` stores
+them, each product taken block by block. The parts alternate in
 rounds, in one process, so drift in the machine's speed reaches all alike.
 Per part: the median time per loop, per product, the weights' bytes
 read per second and the products' float operations per second. A round
@@ -117,8 +120,9 @@ def main(argv=None):
                         help="the weights' storage type; activations are cast to it for each "
                              "product and the products return float32")
     parser.add_argument("--column-blocks", type=int, default=1, metavar="N",
-                        help="store each weight as N column blocks and multiply block by "
-                             "block, as kt-export --xla-column-blocks N (default: %(default)s)")
+                        help="N > 1 adds a part: the whole step with each weight stored as N "
+                             "column blocks and multiplied block by block, as kt-export "
+                             "--xla-column-blocks N (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=8, help="loops per part per round")
     args = parser.parse_args(argv)
@@ -136,8 +140,11 @@ def main(argv=None):
     parts["whole step"] = (n, True, args.rows)
     if args.rows != 1:
         parts["whole step, 1 row"] = (n, True, 1)
+    blocked = f"whole, {args.column_blocks} blocks"
+    if args.column_blocks > 1:
+        parts[blocked] = (n, True, args.rows)
     parts = {name: StepPart(config, *spec, steps=args.steps, seed=i, dtype=args.dtype,
-                            blocks=args.column_blocks)
+                            blocks=args.column_blocks if name == blocked else 1)
              for i, (name, spec) in enumerate(parts.items())}
     times = time_rounds({name: (lambda part=part: part.run(part.x).numpy())
                          for name, part in parts.items()},

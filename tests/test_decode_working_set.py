@@ -67,20 +67,24 @@ def test_bfloat16_weights_are_stored_in_half_the_bytes_and_multiply_as_float32()
     np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=0.05)
 
 
-def test_prints_every_part_and_the_penalty():
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_prints_every_part_and_the_penalty(blocks):
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks", "working-set", "--config", "tiny", "--steps", "2",
-         "--rounds", "2", "--repeats", "1"],
+         "--rounds", "2", "--repeats", "1", "--column-blocks", str(blocks)],
         capture_output=True, text=True, cwd=ROOT, timeout=600, check=True,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     lines = result.stdout.splitlines()
     assert lines[0].startswith("tiny: float32 weights, 4 rows, 2 steps a loop, median of 2 rounds")
     rows = {line[:18].strip(): line[18:].split() for line in lines[2:-1]}
     assert list(rows) == ["layer 1", "layers 1-2", "projection", "whole step",
-                          "whole step, 1 row"]
+                          "whole step, 1 row"] + (["whole, 2 blocks"] if blocks == 2 else [])
+    assert rows["whole step"][0] == rows["whole step, 1 row"][0]
     config = make_config("tiny")
     layer_mb = 4 * (6 * config.d_model ** 2 + 2 * config.d_model * config.d_ff) / 1e6
     assert float(rows["layer 1"][0]) == pytest.approx(layer_mb, abs=0.005)
+    if blocks == 2:  # the same weights' bytes, in blocks
+        assert rows["whole, 2 blocks"][0] == rows["whole step"][0]
     for name, values in rows.items():
         ms, rounds = float(values[1]), [float(t) for t in values[5:]]
         # The median of the rounds, which are printed to 0.1 ms.
