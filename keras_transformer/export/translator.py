@@ -73,7 +73,7 @@ SOURCE_LENGTH_BUCKET = 8
 TEST_SET_LENGTH_BUCKET = 16
 
 
-def _column_blocks(model, blocks):
+def _column_block_copies(model, blocks):
     """`{id(layer): blocks}` for `column_blocks.using`: `blocks` column
     blocks of each decoder `Dense` (`[(kernel, bias or None), ...]`) and of
     the output projection (row blocks of the tied table, `[E_i, ...]`), as
@@ -141,15 +141,16 @@ class Translator(tf.Module):
             Both are tracked (`tokenizer`, `target_pieces`), so a SavedModel
             carries both vocabularies in its graph.
         xla_column_blocks: int >= 1. Above 1, the XLA search (`serve_xla`,
-            `translate(jit_compile=True)`) multiplies by copies of the decoder's
-            weights and of the output table cut into this many column blocks
-            (`layers/column_blocks.py`) in products of at most
+            `translate(jit_compile=True)`) multiplies by copies of the
+            decoder's weights and of the output table cut into this many
+            column blocks (`layers/column_blocks.py`) in products of at most
             `column_blocks.MAX_ROWS` rows (8 sentences at beam 4): the same
             translations to float32 rounding, lower latency for a few
-            sentences on CPU, and a SavedModel larger by those weights. The copies are taken here,
-            so build the Translator from the trained weights (as `kt-export`
-            does); later changes to the model's weights do not reach the XLA
-            search. The graph signatures use the model's own weights.
+            sentences on CPU, and a SavedModel larger by those weights. The
+            copies are taken here, so build the Translator from the trained
+            weights (as `kt-export` does); later changes to the model's
+            weights do not reach the XLA search. The graph signatures use
+            the model's own weights.
 
     Serving functions (`tf.function`s with input signatures, exported as
     signatures by `export_translator`):
@@ -213,7 +214,7 @@ class Translator(tf.Module):
             unique.setdefault(id(value), value)
         # The variables saved: each model weight once, and the column blocks.
         self.model_variables = list(unique.values())
-        blocks = _column_blocks(model, xla_column_blocks)
+        blocks = _column_block_copies(model, xla_column_blocks)
         self.xla_column_blocks = xla_column_blocks
         self.column_block_variables = [v for layer in blocks.values() for pair in layer
                                        for v in (pair if isinstance(pair, tuple) else (pair,))

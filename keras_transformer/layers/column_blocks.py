@@ -3,25 +3,27 @@
 A decoding step for one sentence multiplies a few rows (the beams) by every
 weight of the decoder and by the output table. Given copies of those
 weights cut into column blocks, each product becomes `n` smaller
-independent ones, which XLA:CPU may run side by side on its threads;
-docs/performance.md has the measurements. The math is the same (each output column is the same dot
-product), so results agree to float32 rounding.
+independent ones, which XLA:CPU may run side by side on its threads
+(docs/performance.md has the measurements). The math is the same (each
+output column is the same dot product), so results agree to float32
+rounding.
 
 The copies are made once from trained weights (`split`) and passed to the
-layers through `using`, while a search is traced: `Dense` (`layers/dense.py`)
-and `TokenEmbedding.logits` (`layers/embedding.py`) outside training look
-their layer up (`product`) and multiply by its blocks when it has some and
-the product has at most `MAX_ROWS` rows. Larger products use the layer's
-own weights. `keras.ops` only; `export.Translator(xla_column_blocks=n)` owns the
-copies.
+layers through `using`, while a search is traced: `Dense`
+(`layers/dense.py`) and `TokenEmbedding.logits` (`layers/embedding.py`)
+outside training look their layer up (`product`) and multiply by its blocks
+when it has some and the product has at most `MAX_ROWS` rows; larger
+products use the layer's own weights. `keras.ops` only;
+`export.Translator(xla_column_blocks=n)` owns the copies.
 """
 
 import contextlib
+import threading
 
 import numpy as np
 from keras import ops
 
-_ACTIVE = []
+_SCOPES = threading.local()  # each thread traces with its own `using`s
 # Up to 8 sentences at beam 4; at the 128 rows of 32 sentences the blocks
 # cost throughput (docs/performance.md).
 MAX_ROWS = 32
@@ -45,16 +47,23 @@ def split(array, blocks, axis):
             for part in np.split(array, np.cumsum(sizes)[:-1], axis=axis)]
 
 
+def _active():
+    if not hasattr(_SCOPES, "stack"):
+        _SCOPES.stack = []
+    return _SCOPES.stack
+
+
 @contextlib.contextmanager
 def using(blocks_by_layer):
     """While active, `product` finds a layer's blocks in `blocks_by_layer`
     (a mapping from `id` of a layer to its blocks). Meant around the
     tracing of a search: what is traced keeps the blocks."""
-    _ACTIVE.append(blocks_by_layer)
+    stack = _active()
+    stack.append(blocks_by_layer)
     try:
         yield
     finally:
-        _ACTIVE.pop()
+        stack.pop()
 
 
 def product(layer, rows, blocked, whole):
@@ -65,7 +74,8 @@ def product(layer, rows, blocked, whole):
     conditional on it chooses; XLA compiles each batch shape on its own and
     keeps only the branch that shape takes.
     """
-    blocks = _ACTIVE[-1].get(id(layer)) if _ACTIVE else None
+    stack = _active()
+    blocks = stack[-1].get(id(layer)) if stack else None
     if blocks is None:
         return whole()
     n = rows.shape[0]
