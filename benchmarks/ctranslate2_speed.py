@@ -114,17 +114,13 @@ def build(config_name, work_dir, batch_size, column_blocks=1):
     config = config.replace(vocab_size=tokenizer.vocab_size, dropout=0.0)
     model = kt.Transformer(config)
     model.build()
-    translator = Translator(model, tokenizer, beam_size=TRANSLATE_SHAPE["beam_size"],
-                            alpha=TRANSLATE_SHAPE["alpha"],
-                            extra_length=TRANSLATE_SHAPE["extra_length"])
-    saved_model = export_translator(translator, work_dir, name=config_name)
+    search = {name: TRANSLATE_SHAPE[name] for name in ("beam_size", "alpha", "extra_length")}
+    saved_model = export_translator(Translator(model, tokenizer, **search), work_dir,
+                                    name=config_name)
     blocked = None
     if column_blocks > 1:
         blocked = export_translator(
-            Translator(model, tokenizer, beam_size=TRANSLATE_SHAPE["beam_size"],
-                       alpha=TRANSLATE_SHAPE["alpha"],
-                       extra_length=TRANSLATE_SHAPE["extra_length"],
-                       xla_column_blocks=column_blocks),
+            Translator(model, tokenizer, xla_column_blocks=column_blocks, **search),
             work_dir, name=f"{config_name}_blocks")
     engines = {}
     for quantization in QUANTIZATIONS:

@@ -78,8 +78,7 @@ def _column_block_copies(model, blocks):
     blocks of each decoder `Dense` (`[(kernel, bias or None), ...]`) and of
     the output projection (row blocks of the tied table, `[E_i, ...]`), as
     new non-trainable variables; `{}` for `blocks == 1`."""
-    if not isinstance(blocks, int) or isinstance(blocks, bool) or blocks < 1:
-        raise ValueError(f"`xla_column_blocks` must be an int >= 1, received {blocks!r}.")
+    column_blocks.check_count(blocks, "xla_column_blocks")
     if blocks == 1:
         return {}
 
@@ -216,8 +215,7 @@ class Translator(tf.Module):
         self.model_variables = list(unique.values())
         blocks = _column_block_copies(model, xla_column_blocks)
         self.xla_column_blocks = xla_column_blocks
-        self.column_block_variables = [v for layer in blocks.values() for pair in layer
-                                       for v in (pair if isinstance(pair, tuple) else (pair,))
+        self.column_block_variables = [v for v in tf.nest.flatten(list(blocks.values()))
                                        if v is not None]
         self._column_blocks = _Unchecked(blocks)
         self.beam_size = beam_size

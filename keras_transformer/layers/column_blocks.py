@@ -29,11 +29,16 @@ _SCOPES = threading.local()  # each thread traces with its own `using`s
 MAX_ROWS = 32
 
 
+def check_count(blocks, name="blocks"):
+    """ValueError naming `name` unless `blocks` is an int >= 1."""
+    if not isinstance(blocks, int) or isinstance(blocks, bool) or blocks < 1:
+        raise ValueError(f"`{name}` must be an int >= 1, received {blocks!r}.")
+
+
 def block_sizes(columns, blocks):
     """`blocks` sizes summing to `columns`, the first ones one larger
     where it does not divide (as `numpy.array_split`)."""
-    if not isinstance(blocks, int) or isinstance(blocks, bool) or blocks < 1:
-        raise ValueError(f"`blocks` must be an int >= 1, received {blocks!r}.")
+    check_count(blocks)
     if blocks > columns:
         raise ValueError(f"Cannot cut {columns} columns into {blocks} blocks.")
     return [len(part) for part in np.array_split(np.arange(columns), blocks)]
