@@ -19,6 +19,16 @@ class TransformerConfig:
     Token ids (`pad_id`, `bos_id`, `eos_id`) come from the tokenizer the model
     is trained with; `training/` fills them from it. The defaults match the
     SentencePiece settings this package trains with.
+
+    Example:
+
+    ```python
+    import keras_transformer as kt
+
+    config = kt.TransformerConfig(vocab_size=8000, d_model=256, num_layers=3,
+                                  num_heads=4, d_ff=1024)
+    assert kt.TransformerConfig.from_json(config.to_json()) == config
+    ```
     """
 
     vocab_size: int
@@ -148,11 +158,65 @@ PRESETS = {
 }
 
 
-def get_config(name, vocab_size, **overrides):
-    """A preset (`tiny`, `small`, `base`, `big`) with `overrides` applied."""
+_TOKEN_IDS = ("pad_id", "bos_id", "eos_id")
+
+
+def get_config(name, vocab_size=None, tokenizer=None, target_tokenizer=None, **overrides):
+    """A preset (`demo`, `tiny`, `small`, `base`, `big`; Table 3) with
+    `overrides` applied.
+
+    Args:
+        name: the preset.
+        vocab_size: the (shared or source) vocabulary size; taken from
+            `tokenizer` when one is given.
+        tokenizer: a `SubwordTokenizer` (or anything with `vocab_size`,
+            `pad_id`, `bos_id`, `eos_id`): the vocabulary size and the
+            special ids come from it. An explicit `vocab_size` or id that
+            disagrees with it is a `ValueError` naming both values.
+        target_tokenizer: the target side's tokenizer, for separate
+            vocabularies (`target_vocab_size`); its special ids must be the
+            source's.
+        overrides: any other `TransformerConfig` field.
+
+    Example:
+
+    ```python
+    import keras_transformer as kt
+
+    config = kt.get_config("base", vocab_size=37000)
+    assert (config.d_model, config.num_heads, config.d_ff) == (512, 8, 2048)
+    tok = kt.SubwordTokenizer.train([f"a dog {i} runs" for i in range(100)], vocab_size=400)
+    config = kt.get_config("tiny", tokenizer=tok, dropout=0.2)
+    assert config.vocab_size == tok.vocab_size and config.eos_id == tok.eos_id
+    ```
+    """
     if name not in PRESETS:
         raise ValueError(f"Unknown config {name!r}; expected one of {sorted(PRESETS)}.")
-    return TransformerConfig(vocab_size=vocab_size, **{**PRESETS[name], **overrides})
+    if tokenizer is None:
+        if target_tokenizer is not None:
+            raise ValueError("`target_tokenizer` needs `tokenizer` (the source side's).")
+        if vocab_size is None:
+            raise ValueError("get_config needs `vocab_size` or `tokenizer`.")
+        return TransformerConfig(vocab_size=vocab_size, **{**PRESETS[name], **overrides})
+    given = {"vocab_size": vocab_size, **{k: overrides.get(k) for k in _TOKEN_IDS}}
+    found = {"vocab_size": tokenizer.vocab_size,
+             **{k: getattr(tokenizer, k) for k in _TOKEN_IDS}}
+    for key, value in given.items():
+        if value is not None and value != found[key]:
+            raise ValueError(f"`{key}={value}` disagrees with the tokenizer's {key} "
+                             f"({found[key]}); leave it out to take the tokenizer's.")
+    if target_tokenizer is not None and target_tokenizer is not tokenizer:
+        for key in _TOKEN_IDS:
+            if getattr(target_tokenizer, key) != found[key]:
+                raise ValueError(
+                    f"The target tokenizer's {key} ({getattr(target_tokenizer, key)}) differs "
+                    f"from the source tokenizer's ({found[key]}); the model has one of each.")
+        given_target = overrides.get("target_vocab_size")
+        if given_target is not None and given_target != target_tokenizer.vocab_size:
+            raise ValueError(f"`target_vocab_size={given_target}` disagrees with the target "
+                             f"tokenizer's vocab_size ({target_tokenizer.vocab_size}).")
+        found["target_vocab_size"] = target_tokenizer.vocab_size
+    return TransformerConfig(**{**PRESETS[name], **overrides, **found})
 
 
 # Settings files ------------------------------------------------------------

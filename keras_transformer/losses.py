@@ -32,6 +32,18 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         pad_id: target padding id (from the tokenizer).
 
     Inputs: `y_true (batch, tgt_len)` int ids, `y_pred (batch, tgt_len, V)` logits.
+
+    Example:
+
+    ```python
+    import keras
+    import keras_transformer as kt
+
+    loss = kt.LabelSmoothedCrossEntropy(label_smoothing=0.1, pad_id=0)
+    y_true = keras.ops.convert_to_tensor([[5, 6, 0]])    # the 0 is padding
+    y_pred = keras.random.normal((1, 3, 10))
+    assert float(loss(y_true, y_pred)) > 0
+    ```
     """
 
     def __init__(self, label_smoothing=0.1, pad_id=0, name="label_smoothed_cross_entropy",

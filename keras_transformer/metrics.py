@@ -9,6 +9,19 @@ class MaskedAccuracy(keras.metrics.Mean):
     """Fraction of non-padding target tokens whose argmax is the reference.
 
     Inputs: `y_true (batch, tgt_len)` ids, `y_pred (batch, tgt_len, V)` logits.
+
+    Example:
+
+    ```python
+    import keras
+    import keras_transformer as kt
+
+    accuracy = kt.MaskedAccuracy(pad_id=0)
+    y_true = keras.ops.convert_to_tensor([[1, 2, 0]])
+    y_pred = keras.ops.one_hot(keras.ops.convert_to_tensor([[1, 3, 3]]), 4)
+    accuracy.update_state(y_true, y_pred)
+    assert float(accuracy.result()) == 0.5    # padding is not counted
+    ```
     """
 
     def __init__(self, pad_id=0, name="accuracy", **kwargs):

@@ -19,6 +19,16 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         d_model: model width.
         warmup_steps: 4000 in the paper.
         scale: a multiplier (1.0 in the paper; larger for small batches).
+
+    Example:
+
+    ```python
+    import keras_transformer as kt
+
+    schedule = kt.TransformerSchedule(d_model=512, warmup_steps=4000)
+    peak = float(schedule(3999))                        # step 4000, the peak
+    assert float(schedule(0)) < peak and float(schedule(20000)) < peak
+    ```
     """
 
     def __init__(self, d_model, warmup_steps=4000, scale=1.0):
@@ -48,6 +58,15 @@ def transformer_adam(d_model, warmup_steps=4000, scale=1.0, **kwargs):
 
     On TensorFlow, Keras's Adam with each variable's update in one kernel,
     with the same results (`keras_transformer.dispatch.adam_class`).
+
+    Example:
+
+    ```python
+    import keras_transformer as kt
+
+    optimizer = kt.transformer_adam(d_model=512, warmup_steps=4000)
+    assert optimizer.beta_2 == 0.98
+    ```
     """
     return dispatch.adam_class()(
         learning_rate=TransformerSchedule(d_model, warmup_steps, scale),

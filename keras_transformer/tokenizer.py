@@ -179,6 +179,25 @@ class SubwordTokenizer(tf.Module):
     bos/eos added); `detokenize(ids [batch, (len)]) -> strings [batch]`
     (ragged or dense; ids at or after the first eos and pad ids are dropped
     when `strip_special=True`).
+
+    Build one with `SubwordTokenizer.train(sentences, vocab_size)` or
+    `SubwordTokenizer.load(path)`; `save(path)` writes the model file.
+
+    Example:
+
+    ```python
+    import os
+    import tempfile
+
+    import keras_transformer as kt
+
+    tok = kt.SubwordTokenizer.train(["a man rides a bike"] * 50 + ["a dog"] * 50,
+                                    vocab_size=400)
+    path = os.path.join(tempfile.mkdtemp(), "vocab.model")
+    tok.save(path)
+    assert kt.SubwordTokenizer.load(path).vocab_size == tok.vocab_size
+    config = kt.get_config("tiny", tokenizer=tok)  # vocabulary size and special ids
+    ```
     """
 
     def __init__(self, model_proto, name=None):
@@ -193,6 +212,33 @@ class SubwordTokenizer(tf.Module):
         digest = hashlib.sha256(model_proto).hexdigest()[:16]
         self.sentencepiece = tensorflow_text.SentencepieceTokenizer(
             model=model_proto, name=f"sentencepiece_{digest}")
+
+    @classmethod
+    def train(cls, sentences, vocab_size, model_type="unigram", character_coverage=1.0):
+        """A new vocabulary trained on `sentences` (`train_sentencepiece`:
+        pad 0, unk 1, bos 2, eos 3; `vocab_size` is an upper bound on a
+        small corpus). Give both sides' sentences for one shared vocabulary
+        (paper 3.4).
+
+        Example:
+
+        ```python
+        import keras_transformer as kt
+
+        tok = kt.SubwordTokenizer.train(
+            [f"the dog {i} sees a cat" for i in range(200)], vocab_size=400)
+        assert (tok.pad_id, tok.bos_id, tok.eos_id) == (0, 2, 3)
+        ids = tok.tokenize(["the dog sees a cat"])
+        assert tok.detokenize(ids).numpy()[0] == b"the dog sees a cat"
+        ```
+        """
+        return cls(train_sentencepiece(sentences, vocab_size, model_type=model_type,
+                                       character_coverage=character_coverage))
+
+    @classmethod
+    def load(cls, path):
+        """The tokenizer of a SentencePiece `.model` file (`from_file`)."""
+        return cls.from_file(path)
 
     @classmethod
     def from_file(cls, path):

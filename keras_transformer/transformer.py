@@ -39,6 +39,20 @@ class Transformer(keras.Model):
     "sum_over_batch_size") is the sum over real target tokens divided by the
     number of real target tokens in the *global* batch, summed over replicas
     under `tf.distribute`.
+
+    Example:
+
+    ```python
+    import keras
+    import keras_transformer as kt
+
+    config = kt.get_config("tiny", vocab_size=100)
+    model = kt.Transformer(config)
+    source = keras.ops.convert_to_tensor([[5, 6, 7, 3]])         # tokens + eos
+    target_input = keras.ops.convert_to_tensor([[2, 8, 9]])      # bos + tokens
+    logits = model((source, target_input))
+    assert tuple(logits.shape) == (1, 3, 100)
+    ```
     """
 
     def __init__(self, config, **kwargs):

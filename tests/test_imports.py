@@ -15,7 +15,8 @@ PACKAGE = "keras_transformer"
 
 # Lowest first. A module may import modules of its own rank or below, never
 # above: the math, then the fast paths and their door, the layers, the model
-# and its loss and schedule, then what uses the model.
+# and its loss and schedule, then what uses the model. The facade ("") imports
+# the TensorFlow-only names above it on first use (`importlib`, by name).
 RANKS = [
     {"config", "tokenizer", "distribute", "startup", "malloc"},
     {"ops"},
@@ -26,6 +27,7 @@ RANKS = [
     {"decoding", "data", "evaluation", "visualization"},
     {"run_directory", "training"},
     {"export"},
+    {"pipeline"},  # the training pipeline as a library: validation BLEU translates
     {"serving"},
     {"cli"},
 ]

@@ -120,21 +120,22 @@ def test_settings_are_checked(alpha, nbest, message):
 
 
 def test_a_bpe_vocabulary_is_refused_naming_the_flag():
-    from keras_transformer.cli import train as trainer
+    from keras_transformer.pipeline.settings import DEFAULT_SUBWORD_NBEST
+    from keras_transformer.pipeline.vocabulary import subword_sampling
 
     bpe = SubwordTokenizer(train_sentencepiece(CORPUS, vocab_size=400, model_type="bpe"))
     with pytest.raises(ValueError, match="needs a unigram SentencePiece vocabulary"):
         check_unigram(bpe.model_proto)
     args = argparse.Namespace(subword_sampling=0.2, subword_nbest=None)
     with pytest.raises(ValueError, match=r"^--subword-sampling: .*not unigram"):
-        trainer._subword_sampling(args, bpe, bpe)
+        subword_sampling(args, bpe, bpe)
     unigram = SubwordTokenizer(train_sentencepiece(CORPUS, vocab_size=400))
     with pytest.raises(ValueError, match=r"^--subword-sampling: "):  # either side
-        trainer._subword_sampling(args, unigram, bpe)
-    assert trainer._subword_sampling(args, unigram, unigram) == SubwordSampling(
-        0.2, trainer.DEFAULT_SUBWORD_NBEST)
+        subword_sampling(args, unigram, bpe)
+    assert subword_sampling(args, unigram, unigram) == SubwordSampling(
+        0.2, DEFAULT_SUBWORD_NBEST)
     args.subword_sampling = None
-    assert trainer._subword_sampling(args, bpe, bpe) is None
+    assert subword_sampling(args, bpe, bpe) is None
 
 
 def test_kt_train_samples_the_training_stream_only(tmp_path, monkeypatch, capsys):

@@ -134,7 +134,7 @@ def test_max_minutes_and_jit_compile_are_validated():
                             "--jit-compile needs one device")):
         args = trainer.build_parser().parse_args(base + extra)
         try:
-            trainer.validate_args(args)
+            trainer.training_config(args).validate()
         except ValueError as e:
             assert message in str(e)
         else:

@@ -8,6 +8,7 @@ import types
 import pytest
 
 from keras_transformer.cli import train as trainer
+from keras_transformer.pipeline import settings
 
 BASE = ["--run-dir", "r", "--data", "builtin", "--src-lang", "en", "--tgt-lang", "synth"]
 
@@ -18,7 +19,7 @@ def tokenizer(size=500):
 
 def resolved(argv):
     args = trainer.build_parser().parse_args(argv)
-    return trainer.resolve_settings(args, argv)
+    return trainer.training_config(args, argv)
 
 
 def write(tmp_path, name, text):
@@ -45,7 +46,7 @@ def test_a_yaml_file_sets_model_fields_on_its_preset_and_training_settings(tmp_p
     args = resolved(BASE + ["--config", path])
     assert (args.batch_tokens, args.train_steps, args.cache_tokenized) == (512, 77, True)
     shared = tokenizer()
-    config = trainer.model_config(args, shared, shared)
+    config = settings.model_config(args, shared, shared)
     assert (config.d_model, config.num_layers, config.d_ff) == (64, 2, 128)  # tiny
     assert config.norm_first is True and config.dropout == 0.25
     assert config.decoder_layers == 1 and config.vocab_size == 500
@@ -58,7 +59,7 @@ def test_flags_win_over_the_file_and_set_wins_over_both(tmp_path):
                             "--set", "training.train_steps=9", "--set", "norm_first=false",
                             "--set", "model.d_ff=96", "--set", "warmup_steps=12"])
     assert args.batch_tokens == 256 and args.train_steps == 9
-    config = trainer.model_config(args, tokenizer(), tokenizer())
+    config = settings.model_config(args, tokenizer(), tokenizer())
     assert config.dropout == 0.05 and config.norm_first is False
     assert config.d_ff == 96 and config.warmup_steps == 12
     # A flag given on the command line at its default value still wins.
@@ -71,18 +72,18 @@ def test_json_files_and_presets_by_name(tmp_path):
         {"model": {"preset": "demo", "position_encoding": "learned"},
          "training": {"max_length": 32}}))
     args = resolved(BASE + ["--config", path])
-    config = trainer.model_config(args, tokenizer(), tokenizer())
+    config = settings.model_config(args, tokenizer(), tokenizer())
     assert config.d_model == 128 and config.position_encoding == "learned"
     assert args.max_length == 32 and config.max_length == 1024  # the flag, not the field
     args = resolved(BASE + ["--config", "small"])
-    assert trainer.model_config(args, tokenizer(), tokenizer()).d_model == 256
+    assert settings.model_config(args, tokenizer(), tokenizer()).d_model == 256
     args = resolved(BASE)
-    assert trainer.model_config(args, tokenizer(), tokenizer()).d_model == 512  # base
+    assert settings.model_config(args, tokenizer(), tokenizer()).d_model == 512  # base
 
 
 def test_separate_tokenizers_give_a_target_vocabulary():
     args = resolved(BASE + ["--config", "tiny"])
-    config = trainer.model_config(args, tokenizer(500), tokenizer(700))
+    config = settings.model_config(args, tokenizer(500), tokenizer(700))
     assert config.vocab_size == 500 and config.target_vocab_size == 700
 
 
@@ -114,7 +115,7 @@ def test_bad_model_values_name_the_field_and_the_file(tmp_path, model, message):
     path = write(tmp_path, "c.yaml", f"model:\n  {model}\n")
     args = resolved(BASE + ["--config", path])
     with pytest.raises(ValueError, match=message) as raised:
-        trainer.model_config(args, tokenizer(), tokenizer())
+        settings.model_config(args, tokenizer(), tokenizer())
     assert "c.yaml" in str(raised.value)
 
 
@@ -159,18 +160,18 @@ def test_a_missing_config_file_is_named():
 def test_bad_data_and_vocabulary_flags_are_named(extra, message):
     args = resolved(BASE + extra)
     with pytest.raises(ValueError, match=message):
-        trainer.validate_args(args)
+        args.validate()
 
 
 def test_training_data_is_required_and_data_needs_languages():
     args = resolved(["--run-dir", "r"])
     with pytest.raises(ValueError, match="No training data"):
-        trainer.validate_args(args)
+        args.validate()
     args = resolved(["--run-dir", "r", "--data", "text:x"])
     with pytest.raises(ValueError, match="needs --src-lang and --tgt-lang"):
-        trainer.validate_args(args)
+        args.validate()
     args = resolved(["--run-dir", "r", "--train-tsv", "t.tsv", "--valid-tsv", "v.tsv"])
-    trainer.validate_args(args)  # files alone need no languages
+    args.validate()  # files alone need no languages
 
 
 def test_documented_validate_every_is_the_old_steps_per_epoch():

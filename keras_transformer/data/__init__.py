@@ -1,6 +1,22 @@
 """Data pipelines (TensorFlow-only): parallel text files, TensorFlow Datasets,
-the source registry (`sources`), and token-budgeted batching (`batching`).
+the source registry (`sources`), token-budgeted batching (`batching`), and
+the script-level entry points `translation_dataset`, `pairs_dataset` and
+`read_pairs` (`translation`).
 
-Import the submodules directly (`from keras_transformer.data import batching`);
-this package imports nothing itself so the pure-Python modules stay light.
+The entry points are loaded on first use, so that importing a pure-Python
+module of this package (`synthetic`) does not load TensorFlow.
 """
+
+_ENTRY_POINTS = ("translation_dataset", "pairs_dataset", "read_pairs")
+
+
+def __getattr__(name):
+    if name in _ENTRY_POINTS:
+        from keras_transformer.data import translation
+
+        return getattr(translation, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_ENTRY_POINTS))

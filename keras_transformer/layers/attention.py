@@ -46,6 +46,18 @@ class MultiHeadAttention(TakesAttentionMask, keras.layers.Layer):
     Returns:
         `(output, attention_weights)`: `(batch, q_len, d_model)` and
         `(batch, heads, q_len, k_len)` float32 (or None, see above).
+
+    Example:
+
+    ```python
+    import keras
+    import keras_transformer as kt
+
+    attention = kt.MultiHeadAttention(d_model=32, num_heads=4)
+    q, kv = keras.random.normal((2, 3, 32)), keras.random.normal((2, 5, 32))
+    output, weights = attention(kv, kv, q)          # call(v, k, q, mask)
+    assert tuple(output.shape) == (2, 3, 32) and tuple(weights.shape) == (2, 4, 3, 5)
+    ```
     """
 
     def __init__(

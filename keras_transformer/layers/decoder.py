@@ -46,6 +46,19 @@ class DecoderLayer(TransformerLayer):
 
     Returns: `x` of shape `(batch, tgt_len, d_model)`, or
     `(x, (self_weights, cross_weights))`; `x` keeps the input's Keras mask.
+
+    Example:
+
+    ```python
+    import keras
+    import keras_transformer as kt
+
+    layer = kt.DecoderLayer(d_model=32, num_heads=4, d_ff=64)
+    x, memory = keras.random.normal((2, 4, 32)), keras.random.normal((2, 6, 32))
+    causal = keras.ops.tril(keras.ops.ones((4, 4), "bool"))[None, None]
+    y = layer(x, memory, self_mask=causal)
+    assert tuple(y.shape) == (2, 4, 32)
+    ```
     """
 
     def _create_sublayers(self):
@@ -176,6 +189,19 @@ class Decoder(TransformerStack):
     Call: `x (batch, tgt_len, d_model)`, `memory (batch, src_len, d_model)`,
     masks as in `DecoderLayer` -> `(batch, tgt_len, d_model)`, or
     `(x, [(self_weights, cross_weights) per layer])`.
+
+    Example:
+
+    ```python
+    import keras
+    import keras_transformer as kt
+
+    decoder = kt.Decoder(num_layers=2, d_model=32, num_heads=4, d_ff=64)
+    x, memory = keras.random.normal((2, 4, 32)), keras.random.normal((2, 6, 32))
+    causal = keras.ops.tril(keras.ops.ones((4, 4), "bool"))[None, None]
+    y, weights = decoder(x, memory, self_mask=causal, return_attention_weights=True)
+    assert tuple(y.shape) == (2, 4, 32) and len(weights) == 2
+    ```
     """
 
     layer_class = DecoderLayer

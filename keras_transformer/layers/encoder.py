@@ -22,6 +22,19 @@ class EncoderLayer(TransformerLayer):
 
     Returns: `x` of the same shape, or `(x, weights)`; `x` keeps the
     input's Keras mask.
+
+    Example:
+
+    ```python
+    import keras
+    import keras_transformer as kt
+
+    layer = kt.EncoderLayer(d_model=32, num_heads=4, d_ff=64)
+    x = keras.random.normal((2, 5, 32))
+    mask = keras.ops.convert_to_tensor([[True] * 5, [True] * 3 + [False] * 2])
+    y, weights = layer(x, mask=mask[:, None, None, :], return_attention_weights=True)
+    assert tuple(y.shape) == (2, 5, 32) and tuple(weights.shape) == (2, 4, 5, 5)
+    ```
     """
 
     def _create_sublayers(self):
@@ -53,6 +66,21 @@ class Encoder(TransformerStack):
     Call: `x (batch, src_len, d_model)`, `mask (batch, 1, 1, src_len)` ->
     `(batch, src_len, d_model)`, or `(x, [weights per layer])` when
     `return_attention_weights`.
+
+    Example:
+
+    ```python
+    import keras
+    import keras_transformer as kt
+
+    # The encoder stack under a classifier head: a model of your own.
+    tokens = keras.Input((None,), dtype="int32")
+    x = keras.layers.Embedding(1000, 32)(tokens)
+    x = kt.Encoder(num_layers=2, d_model=32, num_heads=4, d_ff=64)(x)
+    outputs = keras.layers.Dense(3)(keras.layers.GlobalAveragePooling1D()(x))
+    classifier = keras.Model(tokens, outputs)
+    assert tuple(classifier(keras.ops.ones((2, 7), "int32")).shape) == (2, 3)
+    ```
     """
 
     layer_class = EncoderLayer

@@ -18,6 +18,16 @@ class PositionwiseFeedForward(keras.layers.Layer):
             implementations use 0.1 here).
 
     Call: `(batch, length, d_model)` -> `(batch, length, d_model)`.
+
+    Example:
+
+    ```python
+    import keras
+    import keras_transformer as kt
+
+    ffn = kt.PositionwiseFeedForward(d_model=32, d_ff=128)
+    assert tuple(ffn(keras.random.normal((2, 5, 32))).shape) == (2, 5, 32)
+    ```
     """
 
     def __init__(self, d_model, d_ff, activation="relu", dropout=0.0, **kwargs):

@@ -31,6 +31,18 @@ def scaled_dot_product_attention(q, k, v, mask=None, dropout=None, training=None
     Returns:
         `(output, attention_weights)`: `(..., q_len, d_v)` in the dtype of
         `v`, and `(..., q_len, k_len)` in float32.
+
+    Example:
+
+    ```python
+    import keras
+    import keras_transformer as kt
+
+    q = keras.random.normal((2, 4, 3, 8))           # (batch, heads, q_len, depth)
+    k = v = keras.random.normal((2, 4, 5, 8))
+    output, weights = kt.scaled_dot_product_attention(q, k, v)
+    assert tuple(output.shape) == (2, 4, 3, 8) and tuple(weights.shape) == (2, 4, 3, 5)
+    ```
     """
     d_k = ops.shape(q)[-1]
     # Scale the queries rather than the logits: q_len x d_k multiplies instead
