@@ -1,18 +1,24 @@
 """`pip install` of this package, not editable, into a fresh virtualenv, then
-the console commands run from a directory outside the checkout: train a tiny
-model, average, export and translate.
+the console commands run from a directory outside the checkout (train a tiny
+model, average, export and translate), and so does every program of
+examples/ and the README's library program, with the installed package.
 
 Nothing is downloaded: the wheel is built with this environment's setuptools
 (no build isolation) from a copy of the package's files, installed without
 its dependencies, and the new environment sees this one's packages (TensorFlow
 and the rest) through a .pth file that lists their site-packages."""
 
+import ast
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
+import time
+
+import pytest
 
 from support.processes import write_corpus
 
@@ -54,14 +60,24 @@ def install(tmp_path):
     return venv
 
 
-def test_installed_commands_train_export_and_translate(tmp_path):
-    venv = install(tmp_path)
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory):
+    return install(tmp_path_factory.mktemp("install"))
+
+
+def installed_env(venv):
+    """The environment of a user's shell with the virtualenv activated."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "KT_VERBOSE")}
+    env.update(PATH=str(venv / "bin") + os.pathsep + env.get("PATH", ""), VIRTUAL_ENV=str(venv))
+    return env
+
+
+def test_installed_commands_train_export_and_translate(venv, tmp_path):
     bin_dir = str(venv / "bin")
     work = tmp_path / "work"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "KT_VERBOSE")}
-    env.update(PATH=bin_dir + os.pathsep + env.get("PATH", ""), VIRTUAL_ENV=str(venv))
+    env = installed_env(venv)
 
     def command(*args, **kwargs):
         out = run(list(args), cwd=work, env=env, **kwargs)
@@ -104,3 +120,123 @@ def test_installed_commands_train_export_and_translate(tmp_path):
     assert len(lines) == len(SOURCES) + 1 and lines[-1] == ""
     assert lines[1] == "0.0000\t"  # an empty line translates to an empty line
     assert all(re.fullmatch(r"-?\d+\.\d{4}\t.*", line) for line in lines[:-1])
+
+
+EXAMPLES = os.path.join(ROOT, "examples")
+DIGEST = re.compile(r"weights sha256 ([0-9a-f]{64})")
+
+
+def write_tsv_corpus(directory, train=200, valid=20):
+    """`train.tsv` and `dev.tsv` of the built-in generated corpus."""
+    from keras_transformer.data.synthetic import generate_corpus
+
+    corpus = generate_corpus(seed=0, num_train=train, num_val=valid, num_test=1)
+    for split, name in (("train", "train.tsv"), ("val", "dev.tsv")):
+        sources, targets = corpus[split]
+        with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+            f.writelines(f"{s}\t{t}\n" for s, t in zip(sources, targets))
+
+
+def test_examples_run_with_the_installed_package(venv, tmp_path):
+    """examples/train_with_fit.py, killed after a checkpoint and rerun, ends
+    with the weights of an uninterrupted run; its export then goes through
+    examples/saved_model_predict.py and, served by kt-serve, through
+    examples/tf_serving/rest_client.py; examples/encoder_classifier.py learns
+    its task."""
+    env = {**installed_env(venv), "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    python = str(venv / "bin" / "python")
+    script = [python, os.path.join(EXAMPLES, "train_with_fit.py"), "--train", "train.tsv",
+              "--valid", "dev.tsv", "--vocab-size", "400", "--steps", "8",
+              "--steps-per-epoch", "4", "--checkpoint-every", "2", "--batch-tokens", "256"]
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    for work in (killed, whole):
+        work.mkdir()
+        write_tsv_corpus(str(work))
+    uninterrupted = subprocess.Popen(script, cwd=whole, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+    first = subprocess.Popen(script, cwd=killed, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    checkpoints = killed / "runs" / "fit" / "checkpoints"
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and first.poll() is None:
+            steps = [int(m.group(1)) for name in (os.listdir(checkpoints)
+                                                  if checkpoints.is_dir() else [])
+                     if (m := re.fullmatch(r"ckpt-(\d+)\.index", name))]
+            if steps and max(steps) >= 2:
+                break
+            time.sleep(0.05)
+        assert first.poll() is None, "the script ended before it could be killed"
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    resumed = run(script, cwd=killed, env=env)
+    start = re.search(r"Starting at step (\d+) \((\S+)\)", resumed.stdout)
+    assert start and 2 <= int(start.group(1)) < 8, resumed.stdout[-3000:]
+    assert start.group(2).endswith(f"ckpt-{start.group(1)}")
+    out, _ = uninterrupted.communicate(timeout=600)
+    assert uninterrupted.returncode == 0, out[-3000:]
+    assert "Starting at step 0 (a new run)" in out
+    assert DIGEST.search(resumed.stdout).group(1) == DIGEST.search(out).group(1)
+    export = killed / "saved_models" / "fit" / "1"
+    assert (export / "saved_model.pb").is_file()
+    assert "Trained to step 8;" in resumed.stdout
+
+    predicted = run([python, os.path.join(EXAMPLES, "saved_model_predict.py"),
+                     str(export.parent), "the dog sees a cat"], cwd=tmp_path, env=env)
+    for signature in ("serving_default", "translate_with_options", "translate_xla",
+                      "translate_nbest", "translate_sample", "translate_explain",
+                      "translate_ids"):
+        assert signature in predicted.stdout, predicted.stdout[-3000:]
+
+    server = subprocess.Popen(
+        [str(venv / "bin" / "kt-serve"), "--model-name", "fit", "--model-base-path",
+         str(export.parent), "--rest-api-port", "0"], cwd=tmp_path, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        ready = re.search(r"at (http://\S+)", server.stdout.readline())
+        assert ready, "kt-serve did not start"
+        served = run([python, os.path.join(EXAMPLES, "tf_serving", "rest_client.py"),
+                      "--url", ready.group(1), "--model", "fit", "the dog sees a cat"],
+                     cwd=tmp_path, env=env)
+        assert "'the dog sees a cat' -> " in served.stdout
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+    learned = run([python, os.path.join(EXAMPLES, "encoder_classifier.py"), "--steps", "300"],
+                  cwd=tmp_path, env=env)
+    before, after = map(float, re.search(
+        r"held-out accuracy: ([0-9.]+) before training, ([0-9.]+) after",
+        learned.stdout).groups())
+    assert after >= 0.9 and after > before + 0.2
+
+
+def readme_program():
+    """The Python block of the README's "Use it as a library" section."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    section = readme.split("## Use it as a library", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_readme_library_program_runs_with_the_installed_package(venv, tmp_path):
+    code = readme_program()
+    sizes = 'PRESET, VOCAB_SIZE, STEPS, STEPS_PER_EPOCH, BATCH_TOKENS = "small", 8000, 20_000, 1000, 4096'
+    assert sizes in code  # the slice below replaces exactly this line
+    code = code.replace(sizes, 'PRESET, VOCAB_SIZE, STEPS, STEPS_PER_EPOCH, BATCH_TOKENS = "tiny", 400, 4, 2, 256')
+    ast.parse(code)
+    names = {node.attr for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Attribute)
+             and isinstance(node.value, ast.Name) and node.value.id == "kt"}
+    import keras_transformer as kt
+
+    assert names <= set(kt.__all__), names - set(kt.__all__)  # public names only
+    write_tsv_corpus(str(tmp_path))
+    (tmp_path / "program.py").write_text(code)
+    env = {**installed_env(venv), "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    out = run([str(venv / "bin" / "python"), "program.py"], cwd=tmp_path, env=env)
+    assert out.stdout.strip().endswith(os.path.join("saved_models", "mine", "1"))
+    assert (tmp_path / "saved_models" / "mine" / "1" / "saved_model.pb").is_file()
+    assert (tmp_path / "runs" / "mine" / "checkpoints" / "ckpt-4.index").is_file()
