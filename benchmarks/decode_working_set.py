@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from benchmarks.bench_config import make_config  # noqa: E402
-from keras_transformer.layers import column_blocks  # noqa: E402
+from keras_transformer.export import column_blocks  # noqa: E402
 from benchmarks.speed import time_rounds  # noqa: E402
 
 

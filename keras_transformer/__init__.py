@@ -14,8 +14,6 @@ The public names, one line each in docs/api.md:
   `train`, `Translator`, `export_saved_model`, `load_saved_model`.
 """
 
-import importlib
-
 from keras_transformer import startup
 
 # A kt-* command (and only one) quiets TensorFlow's start-up and tunes
@@ -64,6 +62,8 @@ __all__ = [
 def __getattr__(name):
     if name not in _TENSORFLOW_NAMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
     module = _TENSORFLOW_NAMES[name]
     if module is None:
         return importlib.import_module(f"{__name__}.{name}")

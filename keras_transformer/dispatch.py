@@ -7,7 +7,8 @@ decides when one does: the backend, which kernels TensorFlow multiplies
 float32 with (oneDNN, Eigen, a GPU's, or XLA's inside a compiled function),
 the precision, and whether the model is training. A fast path computes the
 same values as the portable form, up to float32 rounding (the random bits of
-dropout excepted); exported serving signatures never take one.
+dropout excepted); exported serving signatures never take one (column blocks,
+below, are an export option, not one of these paths).
 
 The fast paths, by the name the switches below use:
 
@@ -43,10 +44,23 @@ Switches, read from the environment at import and settable with
 
 Decisions are made when a function is traced: change a switch before
 building (or retracing) the step it should apply to.
+
+Column blocks are not a switch but an export option
+(`Translator(xla_column_blocks=n)`, `kt-export --xla-column-blocks`): the
+decoder's products `x W` taken as `[x W_1, ..., x W_n]` from copies of the
+weights cut into column blocks (`kernels/column_blocks.py`), which XLA:CPU
+may run side by side on its threads; the same math, results equal to
+float32 rounding. The export makes the copies
+(`keras_transformer/export/column_blocks.py`) and traces its XLA search
+inside `using_column_blocks`; there `dense` and `decoding_logits`, outside
+training, multiply a product of at most `COLUMN_BLOCK_MAX_ROWS` rows by the
+blocks of its layer. Nothing else takes them, and the switches above do not
+apply to them.
 """
 
 import contextlib
 import os
+import threading
 
 import keras
 from keras import ops
@@ -58,6 +72,10 @@ from keras_transformer.ops import label_smoothing as portable_loss
 FAST_PATHS = ("fused_adam", "fused_cross_entropy", "philox_dropout", "eigen_slices",
               "compiled_attention")
 MATMUL_KERNELS = ("auto", "onednn", "eigen")
+# Products of up to 8 sentences at beam 4 take column blocks; at the 128
+# rows of 32 sentences the blocks cost throughput (docs/performance.md).
+COLUMN_BLOCK_MAX_ROWS = 32
+_COLUMN_BLOCK_SCOPES = threading.local()  # each thread traces with its own scopes
 
 
 def _names(text):
@@ -160,19 +178,34 @@ def dense(layer, inputs, training, portable):
     Float32 training on TensorFlow, with ReLU or no activation and none of
     Keras's LoRA or quantized variants, takes `kernels/dense.py` (the same
     forward ops, the gradient written out) where `eigen_slices` applies to
-    a side of a multiple of 2,048 units. Otherwise
+    a side of a multiple of 2,048 units. Outside training, inside
+    `using_column_blocks` with blocks for `layer`, a product of at most
+    `COLUMN_BLOCK_MAX_ROWS` rows is taken block by block
+    (`kernels/column_blocks.py`). Otherwise
     `portable(inputs, training=training)` (the layer's Keras `call`).
     """
-    if training and _dense_eligible(layer, inputs):
-        sliced_inputs = slices_pay(layer.kernel.shape[0])
-        sliced_outputs = slices_pay(layer.units)
-        if sliced_inputs or sliced_outputs:
-            from keras_transformer.kernels import dense as kernel
+    def whole():
+        return portable(inputs, training=training)
 
-            return kernel.dense(inputs, layer.kernel, layer.bias,
-                                relu=layer.activation is keras.activations.relu,
-                                sliced_inputs=sliced_inputs, sliced_outputs=sliced_outputs)
-    return portable(inputs, training=training)
+    if training:
+        if _dense_eligible(layer, inputs):
+            sliced_inputs = slices_pay(layer.kernel.shape[0])
+            sliced_outputs = slices_pay(layer.units)
+            if sliced_inputs or sliced_outputs:
+                from keras_transformer.kernels import dense as kernel
+
+                return kernel.dense(inputs, layer.kernel, layer.bias,
+                                    relu=layer.activation is keras.activations.relu,
+                                    sliced_inputs=sliced_inputs,
+                                    sliced_outputs=sliced_outputs)
+        return whole()
+    blocks = _column_blocks_of(layer)
+    if blocks is None:
+        return whole()
+    from keras_transformer.kernels import column_blocks
+
+    return _few_rows(inputs, lambda: column_blocks.dense(inputs, blocks, layer.activation),
+                     whole)
 
 
 def _dense_eligible(layer, inputs):
@@ -198,6 +231,69 @@ def vocabulary_logits(x, table):
     shape = ops.shape(x)
     logits = vocabulary_projection.logits(ops.reshape(x, (-1, shape[-1])), table)
     return ops.reshape(logits, tuple(shape[:-1]) + (table.shape[0],))
+
+
+def decoding_logits(layer, rows, table):
+    """The tied pre-softmax projection outside training (paper section
+    3.4): `rows` `(n, d_model)`, `table` `(vocab, d_model)` of `rows`'
+    dtype -> `(n, vocab)` in `rows`' dtype.
+
+    Computed as `(E x^T)^T`, the same products as `x E^T`: TensorFlow's CPU
+    matmul is slow with the large operand transposed and few rows, which is
+    every decoding step (XLA compiles the two forms alike). Inside
+    `using_column_blocks` with row blocks of `E` for `layer` (the
+    `TokenEmbedding`), a product of at most `COLUMN_BLOCK_MAX_ROWS` rows is
+    taken block by block (`kernels/column_blocks.py`).
+    """
+    def whole():
+        return ops.transpose(ops.matmul(table, ops.transpose(rows)))
+
+    blocks = _column_blocks_of(layer)
+    if blocks is None:
+        return whole()
+    from keras_transformer.kernels import column_blocks
+
+    return _few_rows(rows, lambda: column_blocks.table_logits(rows, blocks), whole)
+
+
+def _column_block_stack():
+    if not hasattr(_COLUMN_BLOCK_SCOPES, "stack"):
+        _COLUMN_BLOCK_SCOPES.stack = []
+    return _COLUMN_BLOCK_SCOPES.stack
+
+
+@contextlib.contextmanager
+def using_column_blocks(blocks_by_layer):
+    """While active in this thread, `dense` and `decoding_logits` find a
+    layer's column blocks in `blocks_by_layer`, a mapping from `id` of a
+    layer to its blocks: for a `Dense`, `[(kernel_i (d_in, c_i), bias_i
+    (c_i,) or None), ...]`; for a `TokenEmbedding`, row blocks of its table
+    `[E_i (v_i, d_model), ...]`. Meant around the tracing of a search: what
+    is traced keeps the blocks. The innermost active scope applies."""
+    stack = _column_block_stack()
+    stack.append(blocks_by_layer)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def _column_blocks_of(layer):
+    """`layer`'s blocks in the innermost active `using_column_blocks`, or
+    None."""
+    stack = _column_block_stack()
+    return stack[-1].get(id(layer)) if stack else None
+
+
+def _few_rows(rows, blocked, whole):
+    """`blocked()` if `rows` `(n, d)` has at most `COLUMN_BLOCK_MAX_ROWS`
+    rows, else `whole()`. With `n` unknown when traced (a SavedModel
+    signature's batch), a conditional on it chooses; XLA compiles each
+    batch shape on its own and keeps only the branch that shape takes."""
+    n = rows.shape[0]
+    if n is not None:
+        return blocked() if n <= COLUMN_BLOCK_MAX_ROWS else whole()
+    return ops.cond(ops.shape(rows)[0] <= COLUMN_BLOCK_MAX_ROWS, blocked, whole)
 
 
 def attention(q, k, v, mask=None, dropout=None, training=None, return_attention_weights=True):

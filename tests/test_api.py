@@ -39,6 +39,9 @@ def examples():
         if inspect.isclass(value):
             # The class's own methods (not docstrings inherited from Keras).
             for attr, member in vars(value).items():
+                if not (inspect.isfunction(member)
+                        or isinstance(member, (classmethod, staticmethod))):
+                    continue
                 doc = inspect.cleandoc(getattr(member, "__doc__", None) or "")
                 if not attr.startswith("_") and "Example:" in doc:
                     docs.append((f"{name}.{attr}", doc))

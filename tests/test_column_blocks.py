@@ -1,10 +1,12 @@
-"""The decoder's products in column blocks (`layers/column_blocks.py`,
-`Translator(xla_column_blocks=n)`, `kt-export --xla-column-blocks`): the
-same products to float32 rounding, taken only in the XLA search, saved in
-the SavedModel, and bad values refused."""
+"""The decoder's products in column blocks (`export/column_blocks.py` makes
+the copies, `dispatch.using_column_blocks` and `kernels/column_blocks.py`
+take them; `Translator(xla_column_blocks=n)`, `kt-export
+--xla-column-blocks`): the same products to float32 rounding, taken only in
+the XLA search, saved in the SavedModel, and bad values refused."""
 
 import json
 import os
+import threading
 
 import keras
 import numpy as np
@@ -12,9 +14,9 @@ import pytest
 import tensorflow as tf
 
 import keras_transformer as kt
-from keras_transformer.export import Translator, export_translator
+from keras_transformer import dispatch
+from keras_transformer.export import Translator, column_blocks, export_translator
 from keras_transformer.export.saved_model import read_metadata
-from keras_transformer.layers import column_blocks
 from keras_transformer.layers.dense import Dense
 from keras_transformer.layers.embedding import TokenEmbedding
 from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
@@ -57,7 +59,7 @@ def test_dense_in_blocks_is_the_same_product(blocks, activation, use_bias):
     biases = (column_blocks.split(layer.bias.numpy(), blocks, axis=0) if use_bias
               else [None] * blocks)
     whole = layer(x).numpy()
-    with column_blocks.using({id(layer): list(zip(kernels, biases))}):
+    with dispatch.using_column_blocks({id(layer): list(zip(kernels, biases))}):
         blocked = layer(x).numpy()
         trained = layer(x, training=True).numpy()
     bound = product_bound(x, layer.kernel.numpy())
@@ -70,18 +72,34 @@ def test_the_blocks_are_what_is_multiplied_outside_training_only():
     layer.build((None, 5))
     x = np.ones((3, 5), "float32")
     zeros = [(np.zeros((5, 3), "float32"), np.zeros(3, "float32"))] * 2
-    with column_blocks.using({id(layer): zeros}):
+    with dispatch.using_column_blocks({id(layer): zeros}):
         np.testing.assert_array_equal(layer(x).numpy(), np.zeros((3, 6)))
         assert np.abs(layer(x, training=True).numpy()).max() > 0
     assert np.abs(layer(x).numpy()).max() > 0  # the scope has ended
+
+
+def test_a_scope_reaches_its_own_thread_only():
+    # A server may trace searches in several threads at once.
+    layer = Dense(6)
+    layer.build((None, 5))
+    x = np.ones((3, 5), "float32")
+    zeros = [(np.zeros((5, 3), "float32"), np.zeros(3, "float32"))] * 2
+    other = {}
+    with dispatch.using_column_blocks({id(layer): zeros}):
+        thread = threading.Thread(target=lambda: other.update(out=layer(x).numpy()))
+        thread.start()
+        thread.join()
+        here = layer(x).numpy()
+    assert np.abs(here).max() == 0
+    assert np.abs(other["out"]).max() > 0
 
 
 def test_products_of_many_rows_use_the_layers_own_weights():
     layer = Dense(6)
     layer.build((None, 5))
     zeros = [(np.zeros((5, 3), "float32"), np.zeros(3, "float32"))] * 2
-    limit = column_blocks.MAX_ROWS
-    with column_blocks.using({id(layer): zeros}):
+    limit = dispatch.COLUMN_BLOCK_MAX_ROWS
+    with dispatch.using_column_blocks({id(layer): zeros}):
         assert np.abs(layer(np.ones((limit, 5), "float32")).numpy()).max() == 0
         np.testing.assert_array_equal(layer(np.ones((limit + 1, 5), "float32")).numpy(),
                                       layer(np.ones((limit + 1, 5), "float32"),
@@ -95,10 +113,10 @@ def test_rows_unknown_when_traced_are_checked_when_run():
 
     @tf.function(input_signature=[tf.TensorSpec([None, 5], tf.float32)])
     def traced(x):
-        with column_blocks.using({id(layer): zeros}):
+        with dispatch.using_column_blocks({id(layer): zeros}):
             return layer(x)
 
-    limit = column_blocks.MAX_ROWS
+    limit = dispatch.COLUMN_BLOCK_MAX_ROWS
     assert np.abs(traced(np.ones((limit, 5), "float32")).numpy()).max() == 0
     many = np.ones((limit + 1, 5), "float32")
     np.testing.assert_array_equal(traced(many).numpy(), layer(many).numpy())
@@ -110,7 +128,8 @@ def test_table_logits_in_row_blocks_are_the_same_product():
     table.build((None, None))
     x = rng.standard_normal((2, 3, 8)).astype("float32")
     whole = table.logits(x).numpy()
-    with column_blocks.using({id(table): column_blocks.split(table.embeddings.numpy(), 3, 0)}):
+    blocks = column_blocks.split(table.embeddings.numpy(), 3, 0)
+    with dispatch.using_column_blocks({id(table): blocks}):
         blocked = table.logits(x).numpy()
     assert blocked.shape == (2, 3, 50)
     bound = product_bound(x.reshape(-1, 8), table.embeddings.numpy().T).reshape(2, 3, 50)

@@ -18,6 +18,7 @@ import tensorflow as tf
 import keras_transformer as kt
 from keras_transformer.decoding import beam_search_translate, greedy_translate
 from keras_transformer.export import Translator, export_translator
+from keras_transformer.export.engine import SIGNATURES
 from keras_transformer.export.saved_model import read_metadata, versions
 from keras_transformer.export.translator import sanitize_utf8
 from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
@@ -205,12 +206,12 @@ def exported(tmp_path_factory):
         list(zip([t.decode("utf-8") for t in sanitize_utf8(target.detokenize(
             np.asarray(sequences[b]))).numpy()], np.asarray(scores[b]).tolist()))
         for b in range(len(rows))]
-    served_ids = translator.serve_ids(tf.constant(ids))
+    served_ids = translator.signature_translate_ids(tf.constant(ids))
     result = {
         "sentences": translator.translate(SENTENCES),
         "bad": translator.translate(BAD),
         "options": translator.translate(SENTENCES, beam_size=2, alpha=0.0, extra_length=3),
-        "ids": translator.serve_ids(tf.constant(ids)),
+        "ids": translator.signature_translate_ids(tf.constant(ids)),
         "replaced": translator.translate(["caf\ufffd \ufffd\ufffd ok"]),
         # The in-process XLA path (static, bucketed shapes; filler rows).
         "xla": translator.translate(SENTENCES + BAD, batch_size=3, jit_compile=True),
@@ -250,9 +251,7 @@ def exported(tmp_path_factory):
         "explain_beam_1": translator.explain(SENTENCES, beam_size=1, alpha=0.0),
         "greedy_options": translator.translate(SENTENCES, beam_size=1, alpha=0.0),
     }
-    serving = (translator.serve, translator.serve_with_options, translator.serve_ids,
-               translator.serve_xla, translator.serve_nbest, translator.serve_sample,
-               translator.serve_explain)
+    serving = [getattr(translator, f"signature_{name}") for name in SIGNATURES]
     traced = [f.experimental_get_tracing_count() for f in serving]
     result["path"] = export_translator(
         translator, str(tmp_path_factory.mktemp("saved_models")), name="tiny"
@@ -390,6 +389,13 @@ def test_every_op_is_registered_by_tensorflow_or_tensorflow_text(fresh):
     forbidden = [op for op in fresh["ops"]
                  if op.startswith("Xla") or op in ("PyFunc", "EagerPyFunc", "PyFuncStateless")]
     assert forbidden == []
+
+
+def test_the_saved_model_has_the_named_signatures(fresh):
+    # The names code uses (`export/engine.py`) are the names TF Serving sees
+    # (beside TensorFlow's own `__saved_model_init_op`).
+    assert [name for name in fresh["signatures"] if not name.startswith("__")] == sorted(
+        SIGNATURES)
 
 
 def test_export_traces_each_serving_function_once(exported):

@@ -26,7 +26,7 @@ def test_the_beam_is_at_least_n_unless_given():
 
 
 def fake_nbest(batch):
-    """A `serve_nbest` stand-in: n = 2 entries `text#k`, scores `-len`."""
+    """A `signature_translate_nbest` stand-in: n = 2 entries `text#k`, scores `-len`."""
     texts = [t.decode() for t in batch.numpy()]
     return {"translations": tf.constant([[f"{t}#{k}" for k in range(2)] for t in texts]),
             "scores": tf.constant([[-float(len(t)) - k for k in range(2)] for t in texts])}
@@ -70,5 +70,5 @@ def test_options_that_cannot_work_are_clear_errors_before_any_search():
         with pytest.raises(ValueError, match=name):
             translator.sample(["a"], **options)
     # None of these traced a search.
-    assert translator.serve_nbest.experimental_get_tracing_count() == 0
-    assert translator.serve_sample.experimental_get_tracing_count() == 0
+    assert translator.signature_translate_nbest.experimental_get_tracing_count() == 0
+    assert translator.signature_translate_sample.experimental_get_tracing_count() == 0

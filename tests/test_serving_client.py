@@ -12,6 +12,10 @@ from keras_transformer.export.client import RestClient, ServingError
 
 pytest.importorskip("requests")
 
+# A model exported with other defaults than the paper's, as its
+# assets.extra/translator.json records them.
+MODEL_DEFAULTS = {"beam_size": 3, "alpha": 1.0, "extra_length": 7, "max_source_tokens": 99}
+
 
 class _StubServing(http.server.BaseHTTPRequestHandler):
     requests = []
@@ -100,8 +104,15 @@ def test_options_use_their_signature(server):
     assert path == "/v1/models/de_en:predict"
     assert body == {"signature_name": "translate_with_options",
                     "inputs": {"text": ["x"], "beam_size": 2, "alpha": 0.0, "extra_length": 10}}
-    with pytest.raises(ValueError, match="together"):
+    # The options left None need the model's defaults, which only a client
+    # given them knows: none is made up.
+    with pytest.raises(ValueError, match="give alpha, extra_length, or the model's defaults"):
         client.request_body(["x"], beam_size=2)
+    told = RestClient(server, model="de_en", defaults=MODEL_DEFAULTS)
+    assert told.request_body(["x"], beam_size=2)["inputs"] == {
+        "text": ["x"], "beam_size": 2, "alpha": 1.0, "extra_length": 7}
+    assert told.request_body(["x"]) == {"signature_name": "serving_default",
+                                        "inputs": {"text": ["x"]}}
 
 
 def test_server_errors_are_raised_with_their_message(server):
@@ -112,7 +123,7 @@ def test_server_errors_are_raised_with_their_message(server):
 
 
 def test_n_best_samples_and_explanations_send_every_input(server):
-    client = RestClient(server, model="de_en")
+    client = RestClient(server, model="de_en", defaults=MODEL_DEFAULTS)
     assert client.translate_nbest(["x", "y"], 2) == [[("x#0", -1.0), ("x#1", -2.0)],
                                                    [("y#0", -1.0), ("y#1", -2.0)]]
     assert client.sample(["ein hund"], temperature=0.5, seed=7) == (["EIN HUND"], [-8.0])
@@ -124,13 +135,33 @@ def test_n_best_samples_and_explanations_send_every_input(server):
     assert explained[1]["target_pieces"] == [] and explained[1]["alignment"] == []
     assert explained[1]["source_pieces"] == ["b", "c", "</s>"]
     bodies = [body for _, body in _StubServing.requests]
+    # Options left None are the model's defaults (not the paper's 4, 0.6, 50).
     assert bodies[0] == {"signature_name": "translate_nbest", "inputs": {
-        "text": ["x", "y"], "n": 2, "beam_size": 4, "alpha": 0.6, "extra_length": 50}}
+        "text": ["x", "y"], "n": 2, "beam_size": 3, "alpha": 1.0, "extra_length": 7}}
     assert bodies[1] == {"signature_name": "translate_sample", "inputs": {
         "text": ["ein hund"], "temperature": 0.5, "top_k": 0, "top_p": 1.0, "seed": 7,
-        "extra_length": 50}}
-    assert bodies[2]["signature_name"] == "translate_explain"
-    assert bodies[2]["inputs"]["beam_size"] == 2
+        "extra_length": 7}}
+    assert bodies[2] == {"signature_name": "translate_explain", "inputs": {
+        "text": ["a", "bc"], "beam_size": 2, "alpha": 1.0, "extra_length": 7}}
     assert client.status()["model_version_status"][0]["state"] == "AVAILABLE"
     with pytest.raises(ServingError, match="400.*beam_size must be between"):
         client.explain(["FAIL"])
+
+
+def test_without_the_models_defaults_a_request_needing_them_is_refused(server):
+    client = RestClient(server, model="de_en")
+    for call, missing in [
+            (lambda: client.translate_nbest(["x"], 2), "beam_size, alpha, extra_length"),
+            (lambda: client.translate_nbest(["x"], 2, beam_size=2, alpha=0.6),
+             "give extra_length,"),
+            (lambda: client.sample(["x"], seed=1), "give extra_length,"),
+            (lambda: client.explain(["x"], beam_size=2), "give alpha, extra_length,")]:
+        with pytest.raises(ValueError, match=missing):
+            call()
+    assert _StubServing.requests == []  # refused before sending
+    # Every option given: sent as given.
+    client.translate_nbest(["x"], 2, beam_size=2, alpha=0.0, extra_length=3)
+    assert _StubServing.requests[0][1]["inputs"] == {
+        "text": ["x"], "n": 2, "beam_size": 2, "alpha": 0.0, "extra_length": 3}
+    with pytest.raises(ValueError, match=r"`defaults` lacks \['extra_length'\]"):
+        RestClient(server, defaults={"beam_size": 4, "alpha": 0.6})

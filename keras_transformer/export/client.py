@@ -15,21 +15,35 @@ With `xla=True` the clients ask for the `translate_xla` signature (same
 answers, several times faster on CPU), which the server runs only when
 started with `--xla_cpu_compilation_enabled=true`.
 
-`RestClient` also asks for n-best lists (`translate_nbest`), samples
-(`translate_sample`) and explanations (`translate_explain`). TF Serving
-takes no default for a signature input, so these send every option; where
-the caller gives none, the paper's (beam 4, alpha 0.6, extra length 50),
-which may differ from the defaults the model was exported with.
+`RestClient` is a `TranslationEngine` (`export/engine.py`): it also asks
+for n-best lists (`translate_nbest`), samples (`translate_sample`) and
+explanations (`translate_explain`), and an option left None means the
+model's default, as with the other engines. Only `serving_default` (and
+`translate_xla`) applies the model's defaults on the server; TF Serving
+takes no default for an input of the other signatures, so the client sends
+every option they take, the ones left None from the model's defaults as the
+client was given them (`RestClient(defaults=...)`, e.g. the export's
+`read_metadata`). Without them, a request that needs one is refused
+(`ValueError`) rather than sent with values that may not be the model's.
 """
 
 import base64
 
-# The paper's search options (section 6.1), sent where the caller gives none.
-PAPER_BEAM_SIZE, PAPER_ALPHA, PAPER_EXTRA_LENGTH = 4, 0.6, 50
+from keras_transformer.export.engine import (
+    SERVING_DEFAULT,
+    TRANSLATE_EXPLAIN,
+    TRANSLATE_NBEST,
+    TRANSLATE_SAMPLE,
+    TRANSLATE_WITH_OPTIONS,
+    TRANSLATE_XLA,
+    ExplainingEngine,
+)
 
 DEFAULT_URL = "http://localhost:8501"
-DEFAULT_SIGNATURE = "serving_default"
-XLA_SIGNATURE = "translate_xla"
+DEFAULT_SIGNATURE = SERVING_DEFAULT
+XLA_SIGNATURE = TRANSLATE_XLA
+# The keys of the model's decoding defaults in `assets.extra/translator.json`.
+DECODING_DEFAULTS = ("beam_size", "alpha", "extra_length")
 
 
 class ServingError(RuntimeError):
@@ -47,7 +61,7 @@ def _json_string(text):
         return {"b64": base64.b64encode(bytes(text)).decode("ascii")}
 
 
-class RestClient:
+class RestClient(ExplainingEngine):
     """Translates through TF Serving's REST API.
 
     Args:
@@ -58,16 +72,30 @@ class RestClient:
         session: a `requests.Session` (default: a new one).
         xla: ask for the `translate_xla` signature for requests without
             options (see the module docstring).
+        defaults: the model's decoding defaults, a mapping with
+            `beam_size`, `alpha` and `extra_length` (more keys are
+            ignored): the export's `assets.extra/translator.json`
+            (`export.saved_model.read_metadata`), or kt-serve's
+            `/playground/info`. They fill the options left None where the
+            signature needs them. None: unknown; such a request must give
+            every option it needs.
     """
 
     def __init__(self, url=DEFAULT_URL, model="transformer", version=None, timeout=60.0,
-                 session=None, xla=False):
+                 session=None, xla=False, defaults=None):
         self.url = url.rstrip("/")
         self.model = model
         self.version = version
         self.timeout = timeout
         self._session = session
         self.signature = XLA_SIGNATURE if xla else DEFAULT_SIGNATURE
+        if defaults is not None:
+            missing = [k for k in DECODING_DEFAULTS if defaults.get(k) is None]
+            if missing:
+                raise ValueError(f"`defaults` lacks {missing}: give the model's "
+                                 f"{', '.join(DECODING_DEFAULTS)}.")
+            defaults = {k: defaults[k] for k in DECODING_DEFAULTS}
+        self.defaults = defaults
 
     @property
     def session(self):
@@ -87,24 +115,33 @@ class RestClient:
         return f"{self.url}/v1/models/{self.model}{version}:predict"
 
     def request_body(self, sentences, beam_size=None, alpha=None, extra_length=None):
-        """The JSON body for `sentences` (list of str/bytes). With any option
-        given, the `translate_with_options` signature (XLA-free) with all
-        three."""
+        """The JSON body for `sentences` (list of str/bytes). Without
+        options, the client's signature (`serving_default` or
+        `translate_xla`: the server applies the model's defaults); with
+        any, the `translate_with_options` signature (XLA-free) with all
+        three, those left None from `defaults`."""
         if isinstance(sentences, (str, bytes)):
             raise TypeError("`sentences` must be a list of sentences, not one string.")
         inputs = {"text": [_json_string(s) for s in sentences]}
-        options = {"beam_size": beam_size, "alpha": alpha, "extra_length": extra_length}
-        if all(v is None for v in options.values()):
+        if beam_size is None and alpha is None and extra_length is None:
             return {"signature_name": self.signature, "inputs": inputs}
+        inputs.update(self._options(TRANSLATE_WITH_OPTIONS, beam_size=beam_size, alpha=alpha,
+                                    extra_length=extra_length))
+        return {"signature_name": TRANSLATE_WITH_OPTIONS, "inputs": inputs}
+
+    def _options(self, signature, **options):
+        """`options` as `signature` takes them (`beam_size`, `extra_length`
+        int; `alpha` float), those None from `defaults`; `ValueError` naming
+        the ones left None when the defaults are unknown."""
         missing = [k for k, v in options.items() if v is None]
-        if missing:
+        if missing and self.defaults is None:
             raise ValueError(
-                f"Give beam_size, alpha and extra_length together (missing {missing}): "
-                "the translate_with_options signature has no defaults."
-            )
-        inputs.update(beam_size=int(beam_size), alpha=float(alpha),
-                      extra_length=int(extra_length))
-        return {"signature_name": "translate_with_options", "inputs": inputs}
+                f"The {signature} signature takes {', '.join(options)}, and TF Serving "
+                f"applies no default to a signature input: give {', '.join(missing)}, or "
+                "the model's defaults as RestClient(defaults=...) (the export's "
+                "assets.extra/translator.json, `read_metadata`).")
+        cast = {"beam_size": int, "alpha": float, "extra_length": int}
+        return {k: cast[k](self.defaults[k] if v is None else v) for k, v in options.items()}
 
     @staticmethod
     def parse_response(status_code, body):
@@ -113,7 +150,8 @@ class RestClient:
         return list(outputs["translation"]), [float(s) for s in outputs["score"]]
 
     def translate(self, sentences, beam_size=None, alpha=None, extra_length=None):
-        """`(translations: list of str, scores: list of float)`."""
+        """`(translations: list of str, scores: list of float)`; see
+        `request_body` for the signature asked for."""
         if not sentences:
             return [], []
         status, body = self._post(self.request_body(sentences, beam_size, alpha, extra_length))
@@ -131,43 +169,45 @@ class RestClient:
         return self._checked(*self._post({"signature_name": signature_name,
                                           "inputs": inputs}))["outputs"]
 
-    def translate_nbest(self, sentences, n, beam_size=None, alpha=PAPER_ALPHA,
-                        extra_length=PAPER_EXTRA_LENGTH):
+    def translate_nbest(self, sentences, n, beam_size=None, alpha=None, extra_length=None):
         """The `n` best translations of each sentence (`translate_nbest`):
         a list per sentence of `n` `(str, float)` pairs, best first.
-        `beam_size` None: `max(n, 4)`."""
+        `beam_size` None: `max(n, the default beam size)`; None options
+        from `defaults`."""
         if not sentences:
             return []
-        beam_size = max(n, PAPER_BEAM_SIZE) if beam_size is None else beam_size
-        outputs = self.predict("translate_nbest", {
-            "text": sentences, "n": int(n), "beam_size": int(beam_size),
-            "alpha": float(alpha), "extra_length": int(extra_length)})
+        if beam_size is None and self.defaults is not None:
+            beam_size = max(n, self.defaults["beam_size"])
+        options = self._options(TRANSLATE_NBEST, beam_size=beam_size, alpha=alpha,
+                                extra_length=extra_length)
+        outputs = self.predict(TRANSLATE_NBEST, {"text": sentences, "n": int(n), **options})
         return [[(t, float(s)) for t, s in zip(texts, scores)]
                 for texts, scores in zip(outputs["translations"], outputs["scores"])]
 
     def sample(self, sentences, temperature=1.0, top_k=0, top_p=1.0, seed=0,
-               extra_length=PAPER_EXTRA_LENGTH):
+               extra_length=None):
         """One sampled translation per sentence (`translate_sample`; the
         same seed and sentence, the same sample): `(translations,
-        scores)`."""
+        scores)`. `extra_length` None: from `defaults`."""
         if not sentences:
             return [], []
-        outputs = self.predict("translate_sample", {
+        outputs = self.predict(TRANSLATE_SAMPLE, {
             "text": sentences, "temperature": float(temperature), "top_k": int(top_k),
-            "top_p": float(top_p), "seed": int(seed), "extra_length": int(extra_length)})
+            "top_p": float(top_p), "seed": int(seed),
+            **self._options(TRANSLATE_SAMPLE, extra_length=extra_length)})
         return list(outputs["translation"]), [float(s) for s in outputs["score"]]
 
-    def explain(self, sentences, beam_size=PAPER_BEAM_SIZE, alpha=PAPER_ALPHA,
-                extra_length=PAPER_EXTRA_LENGTH):
+    def explain(self, sentences, beam_size=None, alpha=None, extra_length=None):
         """Each sentence's translation explained (`translate_explain`): a
         dict per sentence with `translation`, `score`, `source_pieces`,
         `target_pieces`, `token_log_probs` and `alignment` (target pieces
-        x source pieces), trimmed to the sentence's own lengths."""
+        x source pieces), trimmed to the sentence's own lengths. None
+        options from `defaults`."""
         if not sentences:
             return []
-        out = self.predict("translate_explain", {
-            "text": sentences, "beam_size": int(beam_size), "alpha": float(alpha),
-            "extra_length": int(extra_length)})
+        out = self.predict(TRANSLATE_EXPLAIN, {
+            "text": sentences, **self._options(TRANSLATE_EXPLAIN, beam_size=beam_size,
+                                               alpha=alpha, extra_length=extra_length)})
         explained = []
         for b, translation in enumerate(out["translation"]):
             s, t = int(out["source_length"][b]), int(out["target_length"][b])

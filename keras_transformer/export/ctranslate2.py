@@ -51,6 +51,12 @@ import tempfile
 
 import numpy as np
 
+from keras_transformer.decoding.transformer_search import (
+    DEFAULT_ALPHA,
+    DEFAULT_BEAM_SIZE,
+    DEFAULT_EXTRA_LENGTH,
+)
+from keras_transformer.export.engine import TranslationEngine
 from keras_transformer.tokenizer import ADDED_PAD_PIECE, sentencepiece_ids
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32")
@@ -183,7 +189,8 @@ def check_exportable(config, source, target, quantization="float32"):
 
 
 def export_ctranslate2(model, source_tokenizer, target_tokenizer, output_dir,
-                       quantization="float32", beam_size=4, alpha=0.6, extra_length=50):
+                       quantization="float32", beam_size=DEFAULT_BEAM_SIZE,
+                       alpha=DEFAULT_ALPHA, extra_length=DEFAULT_EXTRA_LENGTH):
     """Writes `model` as a CTranslate2 model directory (layout: the module
     docstring), atomically: into a temporary directory beside `output_dir`,
     then renamed. An existing `output_dir` is replaced once the new one is
@@ -197,8 +204,9 @@ def export_ctranslate2(model, source_tokenizer, target_tokenizer, output_dir,
         output_dir: the directory to write.
         quantization: "float32", "int8" or "int8_float32".
         beam_size, alpha, extra_length: search defaults recorded in
-            `keras_transformer.json` for `CTranslate2Translator`; `alpha`
-            is CTranslate2's length penalty (see `CTranslate2Translator`).
+            `keras_transformer.json` for `CTranslate2Translator` (default:
+            the paper's, `keras_transformer.decoding`); `alpha` is
+            CTranslate2's length penalty (see `CTranslate2Translator`).
 
     Returns: `output_dir`.
 
@@ -406,10 +414,15 @@ def decoding_limit(source_pieces, extra_length, max_length):
     return max(1, min(source_pieces + 1 + extra_length, max_length))
 
 
-class CTranslate2Translator:
+class CTranslate2Translator(TranslationEngine):
     """Translates with an export directory: SentencePiece tokenizes, a
     `ctranslate2.Translator` searches, SentencePiece detokenizes. The same
-    methods and input rules as `keras_transformer.export.Translator`.
+    methods (`TranslationEngine`; no `explain`: the attention CTranslate2
+    returns is one head's, as exported, where `explain` gives the mean over
+    heads)
+    and input rules as `keras_transformer.export.Translator`; None options
+    are the export's defaults (`keras_transformer.json`; the paper's for an
+    export that records none).
 
     Args:
         model_dir: a directory written by `export_ctranslate2`.
@@ -453,9 +466,9 @@ class CTranslate2Translator:
 
         self.config = TransformerConfig.from_dict(self.metadata["config"])
         defaults = self.metadata.get("defaults", {})
-        self.beam_size = defaults.get("beam_size", 4)
-        self.alpha = defaults.get("alpha", 0.6)
-        self.extra_length = defaults.get("extra_length", 50)
+        self.beam_size = defaults.get("beam_size", DEFAULT_BEAM_SIZE)
+        self.alpha = defaults.get("alpha", DEFAULT_ALPHA)
+        self.extra_length = defaults.get("extra_length", DEFAULT_EXTRA_LENGTH)
         self.max_source_tokens = self.config.max_length - 1
 
         self.source_processor = sentencepiece.SentencePieceProcessor(
@@ -628,7 +641,6 @@ def ctranslate2_translator_from_run(run_dir, checkpoint=None, compute_type="defa
     Returns: `(translator, reason)`, `reason` the checkpoint and why it was
     chosen, as `kt-export` prints it.
     """
-    from keras_transformer.decoding import DEFAULT_ALPHA, DEFAULT_BEAM_SIZE, DEFAULT_EXTRA_LENGTH
     from keras_transformer.run_directory import RunDirectory
 
     import_ctranslate2()

@@ -26,6 +26,15 @@ import tempfile
 
 import tensorflow as tf
 
+from keras_transformer.export.engine import (
+    SERVING_DEFAULT,
+    TRANSLATE_EXPLAIN,
+    TRANSLATE_NBEST,
+    TRANSLATE_SAMPLE,
+    TRANSLATE_WITH_OPTIONS,
+    TRANSLATE_XLA,
+    ExplainingEngine,
+)
 from keras_transformer.export.translator import (
     explain_in_batches,
     metadata_json,
@@ -125,11 +134,12 @@ def resolve_version(path):
     return os.path.join(path, str(found[-1]))
 
 
-class SavedModelTranslator:
+class SavedModelTranslator(ExplainingEngine):
     """An exported translator loaded back (needs only TensorFlow and
     tensorflow-text), with `Translator`'s `translate`, `translate_nbest`,
     `sample` and `explain` (through the `translate_nbest`, `translate_sample`
-    and `translate_explain` signatures)."""
+    and `translate_explain` signatures); None options are the export's
+    defaults (`assets.extra/translator.json`)."""
 
     def __init__(self, path):
         import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
@@ -147,15 +157,15 @@ class SavedModelTranslator:
         defaults = (beam_size in (None, m["beam_size"]) and alpha in (None, m["alpha"])
                     and extra_length in (None, m["extra_length"]))
         if jit_compile and defaults:
-            if "translate_xla" not in self.loaded.signatures:
+            if TRANSLATE_XLA not in self.loaded.signatures:
                 raise ValueError(
-                    f"{self.path} has no translate_xla signature (exported before it "
+                    f"{self.path} has no {TRANSLATE_XLA} signature (exported before it "
                     "existed): export it again, or translate without XLA (--no-xla).")
-            name, options = "translate_xla", {}
+            name, options = TRANSLATE_XLA, {}
         elif beam_size is None and alpha is None and extra_length is None:
-            name, options = "serving_default", {}
+            name, options = SERVING_DEFAULT, {}
         else:
-            name = "translate_with_options"
+            name = TRANSLATE_WITH_OPTIONS
             options = self._search_options(beam_size, alpha, extra_length)
         serve = self.loaded.signatures[name]
 
@@ -168,7 +178,7 @@ class SavedModelTranslator:
                         batch_size=32):
         """As `Translator.translate_nbest` (defaults: the export's): a list
         per sentence of `n` `(str, float)` pairs, best first."""
-        serve = self._signature("translate_nbest")
+        serve = self._signature(TRANSLATE_NBEST)
         beam_size = nbest_beam_size(n, beam_size, self.metadata["beam_size"])
         options = dict(n=tf.constant(n, tf.int32),
                        **self._search_options(beam_size, alpha, extra_length))
@@ -179,7 +189,7 @@ class SavedModelTranslator:
                extra_length=None, batch_size=32):
         """As `Translator.sample`: `(list of str, list of float)`, the same
         samples for the same seed."""
-        serve = self._signature("translate_sample")
+        serve = self._signature(TRANSLATE_SAMPLE)
         temperature, top_k, top_p, seed = sampling_options(temperature, top_k, top_p, seed)
         extra_length = tf.constant(self.metadata["extra_length"] if extra_length is None
                                    else extra_length, tf.int32)
@@ -192,7 +202,7 @@ class SavedModelTranslator:
                 batch_size=32):
         """As `Translator.explain` (defaults: the export's), through the
         `translate_explain` signature."""
-        serve = self._signature("translate_explain")
+        serve = self._signature(TRANSLATE_EXPLAIN)
         options = self._search_options(beam_size, alpha, extra_length)
         return explain_in_batches(lambda batch: serve(text=batch, **options), sentences,
                                   batch_size)
@@ -238,3 +248,69 @@ def open_translator(run_dir=None, checkpoint=None, saved_model=None, **defaults)
     return translator_from_run_directory(
         run_dir, checkpoint, **{k: v for k, v in defaults.items() if v is not None}
     )
+
+
+def export_saved_model(translator, model_dir, version=None, examples=None):
+    """Writes `translator` as the next version of `model_dir`, atomically,
+    in the layout TF Serving watches: `<model_dir>/<version>/saved_model.pb`
+    (`export_translator` with `model_dir = <output_dir>/<name>`).
+
+    Args:
+        translator: a `Translator`.
+        model_dir: the model's base path, e.g. "saved_models/mine"; its last
+            part is the model's name (letters, digits, `_`, `.`, `-`).
+        version: an int; default one more than the largest existing.
+        examples: optional source sentences for kt-serve's playground.
+
+    Returns: the path of the new version directory.
+
+    Example:
+
+    ```python
+    import os
+    import tempfile
+
+    import keras_transformer as kt
+
+    tok = kt.SubwordTokenizer.train([f"a dog {i} runs" for i in range(100)],
+                                    vocab_size=400)
+    model = kt.Transformer(kt.get_config("tiny", tokenizer=tok))
+    model.build()
+    base = os.path.join(tempfile.mkdtemp(), "mine")
+    path = kt.export_saved_model(kt.Translator(model, tok), base)
+    assert path == os.path.join(base, "1")
+    translations, scores = kt.load_saved_model(base).translate(["a dog runs"])
+    ```
+    """
+    model_dir = os.path.abspath(os.fspath(model_dir))
+    return export_translator(translator, output_dir=os.path.dirname(model_dir),
+                             name=os.path.basename(model_dir), version=version,
+                             examples=examples)
+
+
+def load_saved_model(path):
+    """An exported translator loaded back (`SavedModelTranslator`): `path`
+    is a version directory or a model's base path (its newest version).
+    Its `translate`, `translate_nbest`, `sample` and `explain` take Python
+    strings and return Python values, with the export's decoding defaults.
+
+    Example:
+
+    ```python
+    import os
+    import tempfile
+
+    import keras_transformer as kt
+
+    tok = kt.SubwordTokenizer.train([f"a cat {i} sits" for i in range(100)],
+                                    vocab_size=400)
+    model = kt.Transformer(kt.get_config("tiny", tokenizer=tok))
+    model.build()
+    base = os.path.join(tempfile.mkdtemp(), "cats")
+    kt.export_saved_model(kt.Translator(model, tok), base)
+    translator = kt.load_saved_model(base)
+    (translation,), (score,) = translator.translate(["a cat sits"])
+    assert isinstance(translation, str)
+    ```
+    """
+    return SavedModelTranslator(path)

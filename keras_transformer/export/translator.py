@@ -2,13 +2,14 @@
 TensorFlow-only module.
 
 The same object translates in-process (`Translator.translate`,
-`translate_nbest`, `sample`) and is what `export_translator` writes as a
-SavedModel for TF Serving. Its serving
-functions use only core TensorFlow and tensorflow-text ops (no
-`py_function`, no XLA-only ops), so a stock `tensorflow/serving` binary runs
-them. One more, `translate_xla`, runs the same search compiled by XLA on
-bucketed shapes (same translations, several times faster on CPU); TF Serving
-runs it when started with `--xla_cpu_compilation_enabled=true`.
+`translate_nbest`, `sample`, `explain`: the engine contract of
+`export/engine.py`) and is what `export_translator` writes as a SavedModel
+for TF Serving. Its serving functions use only core TensorFlow and
+tensorflow-text ops (no `py_function`, no XLA-only ops), so a stock
+`tensorflow/serving` binary runs them. One more, `translate_xla`, runs the
+same search compiled by XLA on bucketed shapes (same translations, several
+times faster on CPU); TF Serving runs it when started with
+`--xla_cpu_compilation_enabled=true`.
 
 Input rules (every sentence gets a defined output; one bad sentence never
 fails the batch):
@@ -39,6 +40,7 @@ import json
 
 import tensorflow as tf
 
+from keras_transformer import dispatch
 from keras_transformer.decoding import (
     DEFAULT_ALPHA,
     DEFAULT_BEAM_SIZE,
@@ -47,8 +49,18 @@ from keras_transformer.decoding import (
     sample_translate,
 )
 from keras_transformer.decoding.sampling import check_sampling_options
-from keras_transformer.layers import column_blocks
-from keras_transformer.layers.dense import Dense
+from keras_transformer.export import column_blocks
+from keras_transformer.export.engine import (
+    SERVING_DEFAULT,
+    SIGNATURES,
+    TRANSLATE_EXPLAIN,
+    TRANSLATE_IDS,
+    TRANSLATE_NBEST,
+    TRANSLATE_SAMPLE,
+    TRANSLATE_WITH_OPTIONS,
+    TRANSLATE_XLA,
+    ExplainingEngine,
+)
 
 REPLACEMENT_CHARACTER = 0xFFFD
 
@@ -73,41 +85,6 @@ SOURCE_LENGTH_BUCKET = 8
 TEST_SET_LENGTH_BUCKET = 16
 
 
-def _column_block_copies(model, blocks):
-    """`{id(layer): blocks}` for `column_blocks.using`: `blocks` column
-    blocks of each decoder `Dense` (`[(kernel, bias or None), ...]`) and of
-    the output projection (row blocks of the tied table, `[E_i, ...]`), as
-    new non-trainable variables; `{}` for `blocks == 1`."""
-    column_blocks.check_count(blocks, "xla_column_blocks")
-    if blocks == 1:
-        return {}
-
-    def variables(arrays, name):
-        return [tf.Variable(a, trainable=False, name=f"{name}_block{i}")
-                for i, a in enumerate(arrays)]
-
-    layers = [layer for layer in model.decoder._flatten_layers(include_self=False)
-              if isinstance(layer, Dense)]
-    if model.output_projection is not None:
-        layers.append(model.output_projection)
-    found = {}
-    for layer in layers:
-        if getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None):
-            continue
-        kernels = variables(column_blocks.split(layer.kernel.numpy(), blocks, axis=1),
-                            layer.kernel.path)
-        biases = ([None] * blocks if layer.bias is None else
-                  variables(column_blocks.split(layer.bias.numpy(), blocks, axis=0),
-                            layer.bias.path))
-        found[id(layer)] = list(zip(kernels, biases))
-    if model.output_projection is None:
-        table = model.target_embedding.token_embedding
-        found[id(table)] = variables(
-            column_blocks.split(table.embeddings.numpy(), blocks, axis=0),
-            table.embeddings.path)
-    return found
-
-
 class _Unchecked:
     """Holds an object out of sight of `tf.Module` tracking, so the Keras
     model is not saved (its variables are tracked once, explicitly)."""
@@ -124,7 +101,7 @@ def sanitize_utf8(text):
     )
 
 
-class Translator(tf.Module):
+class Translator(tf.Module, ExplainingEngine):
     """A `Transformer` with its `SubwordTokenizer`s, beam search and
     sampling.
 
@@ -139,57 +116,89 @@ class Translator(tf.Module):
             detokenizes the output; None: `tokenizer` (shared vocabulary).
             Both are tracked (`tokenizer`, `target_pieces`), so a SavedModel
             carries both vocabularies in its graph.
-        xla_column_blocks: int >= 1. Above 1, the XLA search (`serve_xla`,
-            `translate(jit_compile=True)`) multiplies by copies of the
-            decoder's weights and of the output table cut into this many
-            column blocks (`layers/column_blocks.py`) in products of at most
-            `column_blocks.MAX_ROWS` rows (8 sentences at beam 4): the same
-            translations to float32 rounding, lower latency for a few
-            sentences on CPU, and a SavedModel larger by those weights. The
+        xla_column_blocks: int >= 1. Above 1, the XLA search
+            (`signature_translate_xla`, `translate(jit_compile=True)`)
+            multiplies by copies of the decoder's weights and of the output
+            table cut into this many column blocks
+            (`export/column_blocks.py`, taken through
+            `dispatch.using_column_blocks`) in products of at most
+            `dispatch.COLUMN_BLOCK_MAX_ROWS` rows (8 sentences at beam 4):
+            the same translations to float32 rounding, lower latency for a
+            few sentences on CPU, and a SavedModel larger by those weights. The
             copies are taken here, so build the Translator from the trained
             weights (as `kt-export` does); later changes to the model's
             weights do not reach the XLA search. The graph signatures use
             the model's own weights.
 
-    Serving functions (`tf.function`s with input signatures, exported as
-    signatures by `export_translator`):
+    Two kinds of methods, named apart:
 
-    - `serve(text [batch] string) -> {"translation": [batch] string,
-      "score": [batch] float32}` with the defaults.
-    - `serve_with_options(text, beam_size int32, alpha float32,
-      extra_length int32)` -> the same.
-    - `serve_ids(source_ids [batch, len] int32)` -> `{"translation_ids":
-      [batch, out_len] int32, "score": [batch] float32}`: tokens as the
-      tokenizer produces them (no bos/eos), right-padded with the pad id;
-      output ids stop before eos and are padded with the pad id.
-    - `serve_xla(text)`: `serve` with the search compiled by XLA. The batch
-      is padded to a power of two (multiples of 64 past 64) with copies of
-      its sentences and the source to a multiple of `SOURCE_LENGTH_BUCKET`
-      tokens, so XLA compiles once per (rows, length) bucket, on the first
-      request of that shape (seconds), and reuses it after.
-    - `serve_nbest(text, n int32, beam_size int32, alpha float32,
-      extra_length int32) -> {"translations": [batch, n] string, "scores":
-      [batch, n] float32}`: the n best hypotheses of the beam search, best
-      first; needs `1 <= n <= beam_size`.
-    - `serve_sample(text, temperature float32, top_k int32, top_p float32,
-      seed int64, extra_length int32) -> {"translation", "score"}`: one
-      sample per sentence (`sample_translate`; temperature 0: greedy). Its
-      uniforms are `tf.random.stateless_uniform([config.max_length],
-      seed=[seed, hash])` per sentence, `hash` the sentence's
+    - The engine contract (`export/engine.py`), Python in, Python out:
+      `translate`, `translate_nbest`, `sample`, `explain`, as every engine
+      of the package has them.
+    - The serving functions: `tf.function`s with input signatures, one per
+      SavedModel signature that `export_translator` writes, each named
+      `signature_<name>` after its signature (`export/engine.py` defines
+      the names; `signatures()` maps each name to its function). The
+      prefix keeps them apart from the contract's methods, whose names
+      some signatures share (`translate_nbest`).
+
+    The serving functions:
+
+    - `signature_serving_default(text [batch] string) -> {"translation":
+      [batch] string, "score": [batch] float32}` with the defaults.
+    - `signature_translate_with_options(text, beam_size int32, alpha
+      float32, extra_length int32)` -> the same.
+    - `signature_translate_ids(source_ids [batch, len] int32)` ->
+      `{"translation_ids": [batch, out_len] int32, "score": [batch]
+      float32}`: tokens as the tokenizer produces them (no bos/eos),
+      right-padded with the pad id; output ids stop before eos and are
+      padded with the pad id.
+    - `signature_translate_xla(text)`: `signature_serving_default` with the
+      search compiled by XLA. The batch is padded to a power of two
+      (multiples of 64 past 64) with copies of its sentences and the source
+      to a multiple of `SOURCE_LENGTH_BUCKET` tokens, so XLA compiles once
+      per (rows, length) bucket, on the first request of that shape
+      (seconds), and reuses it after.
+    - `signature_translate_nbest(text, n int32, beam_size int32, alpha
+      float32, extra_length int32) -> {"translations": [batch, n] string,
+      "scores": [batch, n] float32}`: the n best hypotheses of the beam
+      search, best first; needs `1 <= n <= beam_size`.
+    - `signature_translate_sample(text, temperature float32, top_k int32,
+      top_p float32, seed int64, extra_length int32) -> {"translation",
+      "score"}`: one sample per sentence (`sample_translate`; temperature
+      0: greedy). Its uniforms are
+      `tf.random.stateless_uniform([config.max_length], seed=[seed, hash])`
+      per sentence, `hash` the sentence's
       `tf.strings.to_hash_bucket_fast(text, 2**62)`: no random state, so
       the same request gives the same samples, concurrently or not.
-    - `serve_explain(text, beam_size, alpha, extra_length) -> {"translation",
-      "score", "source_pieces" [batch, S] string, "target_pieces" [batch, T]
-      string, "token_log_probs" [batch, T] float32, "alignment" [batch, T, S]
-      float32, "source_length" [batch] int32, "target_length" [batch]
-      int32}`: `serve_with_options`'s translation (the same search, so the
-      same translation and score), explained by one teacher-forced pass of
-      the model over it (see `explain`).
+    - `signature_translate_explain(text, beam_size, alpha, extra_length) ->
+      {"translation", "score", "source_pieces" [batch, S] string,
+      "target_pieces" [batch, T] string, "token_log_probs" [batch, T]
+      float32, "alignment" [batch, T, S] float32, "source_length" [batch]
+      int32, "target_length" [batch] int32}`:
+      `signature_translate_with_options`'s translation (the same search,
+      so the same translation and score), explained by one teacher-forced
+      pass of the model over it (see `explain`).
 
     Options outside their ranges (`beam_size` < 1 or above half the target
     vocabulary, `n` outside `[1, beam_size]`, `temperature` < 0, `top_k` <
     0, `top_p` outside `(0, 1]`) fail the whole request with
     `InvalidArgumentError`.
+
+    Example:
+
+    ```python
+    import keras_transformer as kt
+
+    tok = kt.SubwordTokenizer.train([f"a bird {i} sings" for i in range(100)],
+                                    vocab_size=400)
+    model = kt.Transformer(kt.get_config("tiny", tokenizer=tok))
+    model.build()
+    translator = kt.Translator(model, tok, beam_size=4, alpha=0.6)
+    translations, scores = translator.translate(["a bird sings", "a bird 7 sings"])
+    nbest = translator.translate_nbest(["a bird sings"], n=2)   # [[(text, score)] * 2]
+    assert len(translations) == 2 and len(nbest[0]) == 2
+    ```
     """
 
     def __init__(self, model, tokenizer, beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA,
@@ -213,7 +222,7 @@ class Translator(tf.Module):
             unique.setdefault(id(value), value)
         # The variables saved: each model weight once, and the column blocks.
         self.model_variables = list(unique.values())
-        blocks = _column_block_copies(model, xla_column_blocks)
+        blocks = column_blocks.copies(model, xla_column_blocks)
         self.xla_column_blocks = xla_column_blocks
         self.column_block_variables = [v for v in tf.nest.flatten(list(blocks.values()))
                                        if v is not None]
@@ -250,32 +259,32 @@ class Translator(tf.Module):
                 "their first tokens, then eos"
             ),
             "signatures": {
-                "serving_default": "text [batch] string -> translation [batch] string, "
-                                   "score [batch] float32",
-                "translate_with_options": "text, beam_size int32, alpha float32, "
-                                          "extra_length int32 -> translation, score",
-                "translate_ids": "source_ids [batch, len] int32 (pad-padded, no eos) -> "
-                                 "translation_ids [batch, len] int32, score [batch] float32",
-                "translate_xla": "as serving_default, search compiled by XLA (TF Serving: "
-                                 "--xla_cpu_compilation_enabled=true; first request of "
-                                 "each shape bucket compiles)",
-                "translate_nbest": "text [batch] string, n int32, beam_size int32, alpha "
-                                   "float32, extra_length int32 (1 <= n <= beam_size) -> "
-                                   "translations [batch, n] string, scores [batch, n] "
-                                   "float32, best first",
-                "translate_sample": "text [batch] string, temperature float32 (0: greedy), "
-                                    "top_k int32 (0: off), top_p float32 (1: off), seed "
-                                    "int64, extra_length int32 -> translation [batch] "
-                                    "string, score [batch] float32 (untempered log P); "
-                                    "same seed and text, same sample",
-                "translate_explain": "text [batch] string, beam_size int32, alpha float32, "
-                                     "extra_length int32 -> translation, score (as "
-                                     "translate_with_options), source_pieces [batch, S] "
-                                     "string, target_pieces [batch, T] string, "
-                                     "token_log_probs [batch, T] float32, alignment "
-                                     "[batch, T, S] float32 (last decoder layer's "
-                                     "cross-attention, mean over heads), source_length, "
-                                     "target_length [batch] int32",
+                SERVING_DEFAULT: "text [batch] string -> translation [batch] string, "
+                                 "score [batch] float32",
+                TRANSLATE_WITH_OPTIONS: "text, beam_size int32, alpha float32, "
+                                        "extra_length int32 -> translation, score",
+                TRANSLATE_IDS: "source_ids [batch, len] int32 (pad-padded, no eos) -> "
+                               "translation_ids [batch, len] int32, score [batch] float32",
+                TRANSLATE_XLA: f"as {SERVING_DEFAULT}, search compiled by XLA (TF Serving: "
+                               "--xla_cpu_compilation_enabled=true; first request of "
+                               "each shape bucket compiles)",
+                TRANSLATE_NBEST: "text [batch] string, n int32, beam_size int32, alpha "
+                                 "float32, extra_length int32 (1 <= n <= beam_size) -> "
+                                 "translations [batch, n] string, scores [batch, n] "
+                                 "float32, best first",
+                TRANSLATE_SAMPLE: "text [batch] string, temperature float32 (0: greedy), "
+                                  "top_k int32 (0: off), top_p float32 (1: off), seed "
+                                  "int64, extra_length int32 -> translation [batch] "
+                                  "string, score [batch] float32 (untempered log P); "
+                                  "same seed and text, same sample",
+                TRANSLATE_EXPLAIN: "text [batch] string, beam_size int32, alpha float32, "
+                                   "extra_length int32 -> translation, score (as "
+                                   f"{TRANSLATE_WITH_OPTIONS}), source_pieces [batch, S] "
+                                   "string, target_pieces [batch, T] string, "
+                                   "token_log_probs [batch, T] float32, alignment "
+                                   "[batch, T, S] float32 (last decoder layer's "
+                                   "cross-attention, mean over heads), source_length, "
+                                   "target_length [batch] int32",
             },
         }
 
@@ -339,34 +348,34 @@ class Translator(tf.Module):
         return {"translation": self._detokenize(ids), "score": score}
 
     @tf.function(input_signature=[TEXT_SPEC], autograph=False)
-    def serve(self, text):
+    def signature_serving_default(self, text):
         return self._translate_text(text, lambda tokens: self._translate_tokens(
             tokens, self.beam_size, self.alpha, self.extra_length))
 
     @tf.function(input_signature=[TEXT_SPEC, BEAM_SIZE_SPEC, ALPHA_SPEC, EXTRA_LENGTH_SPEC],
                  autograph=False)
-    def serve_with_options(self, text, beam_size, alpha, extra_length):
+    def signature_translate_with_options(self, text, beam_size, alpha, extra_length):
         beam_size = _checked_beam_size(beam_size, self.config.output_vocab_size)
         extra_length = tf.maximum(extra_length, 0)
         return self._translate_text(text, lambda tokens: self._translate_tokens(
             tokens, beam_size, alpha, extra_length))
 
     @tf.function(input_signature=[IDS_SPEC], autograph=False)
-    def serve_ids(self, source_ids):
+    def signature_translate_ids(self, source_ids):
         tokens = tf.RaggedTensor.from_tensor(source_ids, padding=self.config.pad_id)
         ids, score = self._translate_tokens(tokens, self.beam_size, self.alpha,
                                             self.extra_length)
         return {"translation_ids": ids, "score": score}
 
     @tf.function(input_signature=[TEXT_SPEC], autograph=False)
-    def serve_xla(self, text):
+    def signature_translate_xla(self, text):
         search = self._xla_search(self.beam_size, self.alpha, self.extra_length)
         return self._translate_text(
             text, lambda tokens: self._translate_tokens_static(tokens, search))
 
     @tf.function(input_signature=[TEXT_SPEC, N_SPEC, BEAM_SIZE_SPEC, ALPHA_SPEC,
                                   EXTRA_LENGTH_SPEC], autograph=False)
-    def serve_nbest(self, text, n, beam_size, alpha, extra_length):
+    def signature_translate_nbest(self, text, n, beam_size, alpha, extra_length):
         beam_size = _checked_beam_size(beam_size, self.config.output_vocab_size)
         check = tf.debugging.assert_equal((n >= 1) & (n <= beam_size), True,
                                           message="n must be between 1 and beam_size")
@@ -384,7 +393,8 @@ class Translator(tf.Module):
 
     @tf.function(input_signature=[TEXT_SPEC, TEMPERATURE_SPEC, TOP_K_SPEC, TOP_P_SPEC,
                                   SEED_SPEC, EXTRA_LENGTH_SPEC], autograph=False)
-    def serve_sample(self, text, temperature, top_k, top_p, seed, extra_length):
+    def signature_translate_sample(self, text, temperature, top_k, top_p, seed,
+                                   extra_length):
         checks = [
             tf.debugging.assert_equal(temperature >= 0.0, True,
                                       message="temperature must be >= 0"),
@@ -405,7 +415,7 @@ class Translator(tf.Module):
 
     @tf.function(input_signature=[TEXT_SPEC, BEAM_SIZE_SPEC, ALPHA_SPEC, EXTRA_LENGTH_SPEC],
                  autograph=False)
-    def serve_explain(self, text, beam_size, alpha, extra_length):
+    def signature_translate_explain(self, text, beam_size, alpha, extra_length):
         beam_size = _checked_beam_size(beam_size, self.config.output_vocab_size)
         _, tokens = self._tokens(text)
         source_ids, lengths, is_empty = self._source_ids(tokens)
@@ -479,20 +489,13 @@ class Translator(tf.Module):
             seeds, fn_output_signature=tf.TensorSpec([width], tf.float32))
 
     def signatures(self):
-        """The SavedModel signatures: name -> `tf.function` (each has its
-        input signature). Functions, not concrete functions: `tf.saved_model.save`
-        traces under its own context, so a concrete function traced here
-        beforehand would be traced a second time there, doubling the
-        export time."""
-        return {
-            "serving_default": self.serve,
-            "translate_with_options": self.serve_with_options,
-            "translate_ids": self.serve_ids,
-            "translate_xla": self.serve_xla,
-            "translate_nbest": self.serve_nbest,
-            "translate_sample": self.serve_sample,
-            "translate_explain": self.serve_explain,
-        }
+        """The SavedModel signatures: each name of `engine.SIGNATURES`, in
+        its order -> the `tf.function` `signature_<name>` (each has its
+        input signature). Functions, not concrete functions:
+        `tf.saved_model.save` traces under its own context, so a concrete
+        function traced here beforehand would be traced a second time there,
+        doubling the export time."""
+        return {name: getattr(self, f"signature_{name}") for name in SIGNATURES}
 
     # In-process use --------------------------------------------------------
 
@@ -524,7 +527,7 @@ class Translator(tf.Module):
                 sentences, batch_size)
         if beam_size is None and alpha is None and extra_length is None:
             def run(batch):
-                return self.serve(batch)
+                return self.signature_serving_default(batch)
         else:
             options = (
                 tf.constant(self.beam_size if beam_size is None else beam_size, tf.int32),
@@ -534,7 +537,7 @@ class Translator(tf.Module):
             )
 
             def run(batch):
-                return self.serve_with_options(batch, *options)
+                return self.signature_translate_with_options(batch, *options)
         return translate_in_batches(run, sentences, batch_size)
 
     def translate_nbest(self, sentences, n, beam_size=None, alpha=None, extra_length=None,
@@ -562,13 +565,13 @@ class Translator(tf.Module):
         _check_search_options(beam_size, extra_length, self.config.output_vocab_size)
         options = (tf.constant(n, tf.int32), tf.constant(beam_size, tf.int32),
                    tf.constant(alpha, tf.float32), tf.constant(extra_length, tf.int32))
-        return nbest_in_batches(lambda batch: self.serve_nbest(batch, *options),
+        return nbest_in_batches(lambda batch: self.signature_translate_nbest(batch, *options),
                                 sentences, batch_size)
 
     def sample(self, sentences, temperature=1.0, top_k=0, top_p=1.0, seed=0,
                extra_length=None, batch_size=32):
-        """One sampled translation per sentence (see `serve_sample`), with
-        `translate`'s input rules.
+        """One sampled translation per sentence (see
+        `signature_translate_sample`), with `translate`'s input rules.
 
         Args:
             sentences: list of `str` (or bytes).
@@ -588,14 +591,15 @@ class Translator(tf.Module):
         _check_search_options(1, extra_length, self.config.output_vocab_size)
         options = sampling_options(temperature, top_k, top_p, seed)
         return translate_in_batches(
-            lambda batch: self.serve_sample(batch, *options,
-                                            tf.constant(extra_length, tf.int32)),
+            lambda batch: self.signature_translate_sample(
+                batch, *options, tf.constant(extra_length, tf.int32)),
             sentences, batch_size)
 
     def explain(self, sentences, beam_size=None, alpha=None, extra_length=None,
                 batch_size=32):
-        """Translates and explains each sentence (`serve_explain`, graph
-        mode), with `translate`'s input rules.
+        """Translates and explains each sentence
+        (`signature_translate_explain`, graph mode), with `translate`'s
+        input rules.
 
         Args:
             sentences: list of `str` (or bytes).
@@ -606,8 +610,9 @@ class Translator(tf.Module):
         `translation` and `score` are `translate`'s with the same options.
         """
         options = self._search_options(beam_size, alpha, extra_length)
-        return explain_in_batches(lambda batch: self.serve_explain(batch, *options),
-                                  sentences, batch_size)
+        return explain_in_batches(
+            lambda batch: self.signature_translate_explain(batch, *options),
+            sentences, batch_size)
 
     def _search_options(self, beam_size, alpha, extra_length):
         """`(beam_size, alpha, extra_length)` as the tensors the serving
@@ -633,7 +638,7 @@ class Translator(tf.Module):
             blocks = self._column_blocks.value
 
             def search(source_ids, lengths):
-                with column_blocks.using(blocks):
+                with dispatch.using_column_blocks(blocks):
                     return beam_search_translate(model, source_ids, beam_size, alpha,
                                                  extra_length, lengths)
 
@@ -687,8 +692,8 @@ def translate_in_batches(run, sentences, batch_size=32):
 
 
 def explain_in_batches(run, sentences, batch_size=32):
-    """Calls `run(tf.constant(batch of strings))` -> `serve_explain`'s
-    outputs on length-sorted batches and returns, in the input order, one
+    """Calls `run(tf.constant(batch of strings))` -> the
+    `translate_explain` signature's outputs on length-sorted batches and returns, in the input order, one
     dict per sentence, trimmed to its own lengths: `translation` (str),
     `score` (float), `source_pieces` (S str, eos last), `target_pieces` (T
     str), `token_log_probs` (T floats), `alignment` (T lists of S floats,
@@ -749,8 +754,8 @@ def nbest_beam_size(n, beam_size, default_beam_size):
 
 
 def sampling_options(temperature, top_k, top_p, seed):
-    """The sampling options as the tensors `serve_sample` takes, after the
-    Python-side checks (`ValueError` naming the option)."""
+    """The sampling options as the tensors the `translate_sample` signature
+    takes, after the Python-side checks (`ValueError` naming the option)."""
     check_sampling_options(temperature, top_k, top_p)
     if not isinstance(seed, int) or isinstance(seed, bool) or not -2**63 <= seed < 2**63:
         raise ValueError(f"`seed` must be an int64, received {seed!r}.")

@@ -9,15 +9,14 @@ TensorFlow the bias add then follows a reshape, so Grappler cannot fuse it
 In float32 training where TensorFlow multiplies with Eigen,
 `keras_transformer.dispatch.dense` may take a written-out gradient with
 products in slices instead (`kernels/dense.py`). Outside training, in a
-search traced under `column_blocks.using`, a layer with column blocks
-multiplies a few rows by them instead (`layers/column_blocks.py`).
+search traced under `dispatch.using_column_blocks`, a layer with column
+blocks multiplies a few rows by them instead (`kernels/column_blocks.py`).
 """
 
 import keras
 from keras import ops
 
 from keras_transformer import dispatch
-from keras_transformer.layers import column_blocks
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -36,13 +35,4 @@ class Dense(keras.layers.Dense):
         return ops.reshape(outputs, tuple(shape[:-1]) + (self.units,))
 
     def _call_2d(self, inputs, training):
-        portable = super().call
-
-        def whole():
-            return dispatch.dense(self, inputs, training, portable)
-
-        if training:
-            return whole()
-        return column_blocks.product(  # blocks only in a search traced with them
-            self, inputs, lambda blocks: column_blocks.dense(inputs, blocks, self.activation),
-            whole)
+        return dispatch.dense(self, inputs, training, super().call)

@@ -8,7 +8,6 @@ from keras import ops
 
 from keras_transformer import dispatch
 from keras_transformer.config import POSITION_ENCODINGS
-from keras_transformer.layers import column_blocks
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.position_encoding import (
     LearnedPositionEmbedding,
@@ -68,20 +67,18 @@ class TokenEmbedding(keras.layers.Layer):
         Outside training it is computed as `(E x^T)^T`, the same products:
         TensorFlow's CPU matmul is slow with the large operand transposed
         and few rows, which is every decoding step (XLA compiles the two
-        forms alike). Training keeps `x E^T`, through
-        `keras_transformer.dispatch.vocabulary_logits`. In a search traced
-        under `column_blocks.using` with row blocks of `E` for this layer,
-        a product of few rows is taken block by block
-        (`layers/column_blocks.py`).
+        forms alike), through `keras_transformer.dispatch.decoding_logits`;
+        in a search traced under `dispatch.using_column_blocks` with row
+        blocks of `E` for this layer, a product of few rows is taken block
+        by block there (`kernels/column_blocks.py`). Training keeps `x E^T`,
+        through `keras_transformer.dispatch.vocabulary_logits`.
         """
         kernel = ops.cast(self.embeddings, x.dtype)
         if training:
             return ops.cast(dispatch.vocabulary_logits(x, kernel), "float32")
         shape = ops.shape(x)
         rows = ops.reshape(x, (-1, shape[-1]))
-        logits = column_blocks.product(  # blocks only in a search traced with them
-            self, rows, lambda blocks: column_blocks.table_logits(rows, blocks),
-            lambda: ops.transpose(ops.matmul(kernel, ops.transpose(rows))))
+        logits = dispatch.decoding_logits(self, rows, kernel)
         return ops.cast(ops.reshape(logits, tuple(shape[:-1]) + (self.vocab_size,)), "float32")
 
     def get_config(self):

@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 
+from keras_transformer.export.engine import SERVING_DEFAULT
 from keras_transformer.export.saved_model import versions
 from keras_transformer.serving.rest_api import SignatureSpec, TensorSpec
 
@@ -75,9 +76,9 @@ class Servable:
         """One call of `serving_default` on a short sentence (if it takes
         one `text` input), so the first request does not pay for
         TensorFlow's first-call set-up."""
-        spec = self.specs.get("serving_default")
+        spec = self.specs.get(SERVING_DEFAULT)
         if spec is not None and set(spec.inputs) == {"text"}:
-            self.predict("serving_default",
+            self.predict(SERVING_DEFAULT,
                          {"text": np.array([WARM_UP_SENTENCE.encode()], object)})
 
     def predict(self, signature, inputs):

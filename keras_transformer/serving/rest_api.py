@@ -39,7 +39,9 @@ import math
 
 import numpy as np
 
-DEFAULT_SIGNATURE = "serving_default"
+from keras_transformer.export.engine import SERVING_DEFAULT
+
+DEFAULT_SIGNATURE = SERVING_DEFAULT
 PREDICT_METHOD = "tensorflow/serving/predict"
 
 # A tensor's description: `dtype` a NumPy dtype name ("string" for
