@@ -11,7 +11,8 @@ Layout::
         train_args.json      the command-line arguments of the run (optional)
         checkpoints/         tf.train.CheckpointManager: ckpt-<step>.*, `checkpoint`
         averaged/            checkpoint averaging output: ckpt-<step>.*, `checkpoint`,
-                             sources.json (what was averaged, see average_checkpoints)
+                             sources.json (what was averaged, see
+                             training.checkpoints.average_checkpoints)
         best/                the best K validated checkpoints (model only):
                              ckpt-<step>.*, index.json (see training/selection.py)
         logs/                TensorBoard
@@ -24,7 +25,9 @@ previous checkpoint as the latest. Every other file here is written with
 
 `resolve_checkpoint(selector)` turns a `--checkpoint` selector (auto, last,
 best, averaged, best:K, last:K or a prefix) into a prefix and a sentence
-saying why; `load_model` prints that sentence.
+saying why; `load_model` prints that sentence. The averaging that `best:K`
+and `last:K` do is `training.checkpoints.average_checkpoints`; this module
+only says where checkpoints are and what they are.
 """
 
 import json
@@ -32,12 +35,11 @@ import os
 import re
 import sys
 
-import keras
-import numpy as np
 import tensorflow as tf
 
 from keras_transformer.config import TransformerConfig
 from keras_transformer.tokenizer import SubwordTokenizer, write_atomically
+from keras_transformer.training.checkpoints import average_checkpoints, checkpoint_step
 from keras_transformer.transformer import Transformer
 
 CONFIG_FILE = "config.json"
@@ -72,6 +74,11 @@ class RunDirectory:
     @property
     def averaged_dir(self):
         return self.file(AVERAGED)
+
+    @property
+    def averaged_sources_path(self):
+        """`averaged/sources.json`: what the averaged checkpoint averages."""
+        return os.path.join(self.averaged_dir, SOURCES_FILE)
 
     @property
     def best_dir(self):
@@ -189,11 +196,12 @@ class RunDirectory:
         return tf.train.latest_checkpoint(self.averaged_dir)
 
     def averaged_sources(self):
-        """The contents of `averaged/sources.json` (see `average_checkpoints`),
-        or None when it is missing or describes another averaged checkpoint
-        than the current one (a crash between the two writes)."""
+        """The contents of `averaged/sources.json` (see
+        `training.checkpoints.average_checkpoints`), or None when it is
+        missing or describes another averaged checkpoint than the current one
+        (a crash between the two writes)."""
         averaged = self.averaged_checkpoint()
-        path = os.path.join(self.averaged_dir, SOURCES_FILE)
+        path = self.averaged_sources_path
         if averaged is None or not os.path.exists(path):
             return None
         with open(path, encoding="utf-8") as f:
@@ -253,88 +261,6 @@ class RunDirectory:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
 
-    def average_checkpoints(self, num_checkpoints, checkpoints=None, allow_fewer=False,
-                            source="last"):
-        """`keras_transformer.training.checkpoints.average_checkpoints` on this
-        run directory (that function's docstring is the contract)."""
-        if source not in ("last", "best"):
-            raise ValueError(f"`source` must be 'last' or 'best', received {source!r}.")
-        best = None
-        if checkpoints is not None:
-            chosen = "explicit"
-        else:
-            chosen = source
-            if source == "last":
-                available = [p for p, _ in self.training_checkpoints()]
-                where, flag = self.checkpoint_dir, "--keep-checkpoints"
-            else:
-                best = self.best_checkpoints()
-                available = [p for p, _, _ in best]
-                where, flag = self.best_dir, "--keep-best"
-            if not available:
-                if source == "last":
-                    raise FileNotFoundError(f"No checkpoints in {self.checkpoint_dir} to average.")
-                raise FileNotFoundError(
-                    f"No best checkpoints in {self.best_dir} to average (best/index.json is "
-                    "missing or lists none): train with --keep-best K and a --valid-split.")
-            if num_checkpoints < 1:
-                raise ValueError(f"`num_checkpoints` must be >= 1, received {num_checkpoints}.")
-            if num_checkpoints > len(available) and not allow_fewer:
-                raise ValueError(
-                    f"Asked to average {num_checkpoints} checkpoints but {where} "
-                    f"keeps only {len(available)}: {[os.path.basename(p) for p in available]}. "
-                    f"Train with a larger {flag} or average fewer."
-                )
-            if source == "last":
-                checkpoints = available[-num_checkpoints:]  # all of them when fewer are kept
-            else:
-                checkpoints = sorted(available[:num_checkpoints], key=checkpoint_step)
-        checkpoints = [p if os.path.isabs(p) else os.path.join(self.checkpoint_dir, p)
-                       for p in checkpoints]
-        model = Transformer(self.load_config())
-        model.build()
-        holder = tf.train.Checkpoint(model=model)
-        sums = None
-        for prefix in checkpoints:
-            holder.restore(prefix).expect_partial().assert_existing_objects_matched()
-            values = [np.asarray(keras.ops.convert_to_numpy(v)) for v in model.weights]
-            if sums is None:
-                sums = [v.astype(np.float64) if np.issubdtype(v.dtype, np.floating) else v
-                        for v in values]
-            else:
-                sums = [s + v if np.issubdtype(v.dtype, np.floating) else v
-                        for s, v in zip(sums, values)]
-        for variable, total in zip(model.weights, sums):
-            if np.issubdtype(total.dtype, np.floating):
-                total = total / len(checkpoints)
-            variable.assign(total.astype(variable.dtype))
-        step = checkpoint_step(checkpoints[-1])
-        sources_path = os.path.join(self.averaged_dir, SOURCES_FILE)
-        if os.path.exists(sources_path):
-            os.remove(sources_path)
-        manager = tf.train.CheckpointManager(holder, self.averaged_dir, max_to_keep=1,
-                                             checkpoint_name="ckpt")
-        output = manager.save(checkpoint_number=step)
-        latest = self.latest_training_checkpoint()
-        entries = []
-        for prefix in checkpoints:
-            entry = {"prefix": self.display(prefix), "step": checkpoint_step(prefix)}
-            if best is not None:
-                rank = [os.path.abspath(p) for p, _, _ in best].index(os.path.abspath(prefix))
-                entry.update(value=best[rank][2], rank=rank + 1)
-            entries.append(entry)
-        record = {
-            "output": os.path.basename(output),
-            "chosen": chosen,
-            "num": len(checkpoints),
-            "sources": entries,
-            "newest_training_step": latest[1] if latest else None,
-        }
-        if best is not None:
-            record["metric"] = best.metric
-        write_atomically(sources_path, (json.dumps(record, indent=2) + "\n").encode("utf-8"))
-        return output, checkpoints
-
     def latest_checkpoint(self, prefer_averaged=True):
         """The averaged checkpoint if there is one (and `prefer_averaged`),
         else the latest training checkpoint, else None. Ignores staleness:
@@ -383,7 +309,7 @@ class RunDirectory:
             count = int(match.group(2))
             if count < 1:
                 raise ValueError(f"--checkpoint {selector}: K must be >= 1.")
-            self.average_checkpoints(count, source=match.group(1))
+            average_checkpoints(self, count, source=match.group(1))
             return self._resolve_averaged()
         if re.fullmatch(r"[a-z]+:.*", selector) and not os.path.exists(selector + ".index"):
             raise ValueError(
@@ -543,14 +469,6 @@ class BestCheckpointList(list):
     def __init__(self, entries, metric):
         super().__init__(entries)
         self.metric = metric
-
-
-def checkpoint_step(prefix):
-    """The step of a `.../ckpt-<step>` prefix. Raises ValueError otherwise."""
-    match = re.fullmatch(r".*-(\d+)", os.path.basename(prefix))
-    if not match:
-        raise ValueError(f"{prefix} is not a checkpoint prefix of the form .../ckpt-<step>.")
-    return int(match.group(1))
 
 
 def metric_label(metric):

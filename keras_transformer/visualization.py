@@ -1,5 +1,7 @@
 """Pictures: attention maps (every layer and head, tokens on the axes) and the
-sinusoidal positional encoding. Needs matplotlib (`pip install .[viz]`)."""
+sinusoidal positional encoding. Needs matplotlib, which the `viz` extra
+installs (`pip install 'attention-transformer-keras[viz]'`); a plain install
+lacks it, and `require_matplotlib()` says so in one sentence."""
 
 import os
 
@@ -14,7 +16,37 @@ ATTENTION_KINDS = {
 }
 
 
+INSTALL_VIZ = "pip install 'attention-transformer-keras[viz]'"
+
+
+class MatplotlibMissing(ImportError):
+    """matplotlib cannot be imported; the message names the `viz` extra."""
+
+
+def matplotlib_missing():
+    """None when matplotlib imports, else one sentence saying what is missing
+    and how to install it (the `viz` extra)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as e:
+        if e.name == "matplotlib":
+            what = "matplotlib is not installed"
+        else:  # installed, but something it needs is not
+            what = f"matplotlib cannot be imported ({e})"
+        return f"{what}; the pictures need it, from the viz extra: {INSTALL_VIZ}"
+    return None
+
+
+def require_matplotlib():
+    """Raises `MatplotlibMissing` (an ImportError) when matplotlib cannot be
+    imported, with `matplotlib_missing()`'s sentence."""
+    missing = matplotlib_missing()
+    if missing:
+        raise MatplotlibMissing(missing, name="matplotlib")
+
+
 def _pyplot():
+    require_matplotlib()
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display needed

@@ -88,7 +88,7 @@ def test_averaged_checkpoint_is_the_elementwise_mean(tmp_path, tiny_config):
         model.fit(dataset(1, first_seed=step), epochs=1, verbose=0, shuffle=False)
         writer.save()
         snapshots.append(values(model.weights))
-    output, inputs = average_checkpoints(run.path, 3)
+    output, inputs = average_checkpoints(run, 3)
     assert [p.rsplit("/", 1)[1] for p in inputs] == ["ckpt-2", "ckpt-3", "ckpt-4"]
     assert output.endswith("averaged/ckpt-4")
 
@@ -104,18 +104,23 @@ def test_averaged_checkpoint_is_the_elementwise_mean(tmp_path, tiny_config):
     assert not np.allclose(snapshots[1][0], snapshots[3][0])
     assert any(k.startswith("model/") for k in reader.get_variable_to_shape_map())
     with pytest.raises(ValueError, match="keeps only 4"):
-        average_checkpoints(run.path, 5)
+        average_checkpoints(run, 5)
     # Unless told to take what there is: all four, newest last.
-    output, inputs = average_checkpoints(run.path, 5, allow_fewer=True)
+    output, inputs = average_checkpoints(run, 5, allow_fewer=True)
     assert [p.rsplit("/", 1)[1] for p in inputs] == ["ckpt-1", "ckpt-2", "ckpt-3", "ckpt-4"]
     assert output.endswith("averaged/ckpt-4")
     # What was averaged is recorded next to it.
     sources = json.loads((tmp_path / "run" / "averaged" / "sources.json").read_text())
     assert (sources["chosen"], sources["num"], sources["newest_training_step"]) == ("last", 4, 4)
     assert [s["step"] for s in sources["sources"]] == [1, 2, 3, 4]
-    output, inputs = average_checkpoints(run.path, 0, checkpoints=["ckpt-1", "ckpt-3"])
+    output, inputs = average_checkpoints(run, 0, checkpoints=["ckpt-1", "ckpt-3"])
     assert output.endswith("averaged/ckpt-3")
     sources = json.loads((tmp_path / "run" / "averaged" / "sources.json").read_text())
     assert sources["chosen"] == "explicit"
     assert [s["prefix"] for s in sources["sources"]] == ["checkpoints/ckpt-1",
                                                          "checkpoints/ckpt-3"]
+    with pytest.raises(ValueError, match="No checkpoints named"):
+        average_checkpoints(run, 0, checkpoints=[])
+    # A path is not guessed into a run directory: the error says what to pass.
+    with pytest.raises(TypeError, match=r"RunDirectory\("):
+        average_checkpoints(run.path, 3)

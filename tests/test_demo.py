@@ -7,6 +7,7 @@ below without positional encoding."""
 
 import os
 import re
+import sys
 
 import pytest
 
@@ -58,6 +59,23 @@ def test_demo_runs_end_to_end(tmp_path_factory):
     for alarm in ("`shuffle=True` was passed", "Your input ran out of data",
                   "unsaved custom gradients", "Did you mean to use a sigmoid"):
         assert alarm not in err and alarm not in out
+
+
+def test_without_matplotlib_the_pictures_phase_is_one_line(tmp_path, monkeypatch, capsys):
+    # A plain `pip install .` lacks matplotlib (the `viz` extra): the last
+    # phase says so and how to draw the pictures later, and reads nothing
+    # (this run directory does not exist), so the demo still ends well.
+    from keras_transformer.cli.demo import draw_pictures
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    run_dir = str(tmp_path / "run")
+    assert draw_pictures(run_dir, "the dog sees a cat", "averaged/ckpt-12") is None
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1, lines
+    for part in ("matplotlib is not installed", "pip install 'attention-transformer-keras[viz]'",
+                 f"kt-visualize --run-dir {run_dir} --sentence 'the dog sees a cat'"):
+        assert part in lines[0], (part, lines[0])
+    assert not os.path.exists(run_dir)
 
 
 # The run is deterministic on one machine, but another CPU's rounding picks

@@ -1,10 +1,11 @@
 """docs/own-data.md, "Train on your own data", executed: its bash blocks run
-in order as one script, on a slice of Multi30k (the built-in corpus where
-Multi30k is absent), with the sizes and update counts scaled down by the
-replacements below. Each replacement must match the page, so a change to a
-documented command fails here until the test follows it."""
+in order as one script, on the built-in corpus the page writes out, with the
+sizes and update counts scaled down by the replacements in `SCALE` and
+nothing else. Each replacement must match the page, so a change to a
+documented command fails here until the test follows it. The page's
+Multi30k block (step 1's alternative) runs in a test of its own, marked
+`multi30k`, on the files in ../shared/data/multi30k."""
 
-import gzip
 import os
 import re
 import subprocess
@@ -16,18 +17,20 @@ from support.processes import ENV, ROOT
 
 DOC = os.path.join(ROOT, "docs", "own-data.md")
 MULTI30K = os.path.join(ROOT, "..", "shared", "data", "multi30k")
+# The first line of the block that makes the TSV files from Multi30k instead.
+MULTI30K_BLOCK = "# With Multi30k instead of the built-in corpus\n"
 
-# (as documented, as run here): a tiny model, few updates, small files.
+# (as documented, as run here): smaller files (the corpus writer's --train,
+# --val and --test flags), a tiny model, few updates, outputs to files.
 SCALE = [
-    ("DATA=../shared/data/multi30k", "DATA={data}"),
-    ("vocab_size=8000", "vocab_size=500"),
-    ("preset: small", "preset: tiny"),
-    ("train_steps: 20000", "train_steps: 40"),
-    ("warmup_steps: 500", "warmup_steps: 20"),
+    ("--write mine\n", "--write mine --train 3000 --val 60 --test 40\n"),
+    ("preset: demo ", "preset: tiny "),
+    ("train_steps: 2000", "train_steps: 40"),
+    ("warmup_steps: 400", "warmup_steps: 20"),
     ("--validate-every 500", "--validate-every 10"),
     ("--bleu-sentences 500", "--bleu-sentences 16"),
     ("--checkpoint-every 500", "--checkpoint-every 10"),
-    ("--early-stopping-patience 4", "--early-stopping-patience 2"),
+    ("--early-stopping-patience 3", "--early-stopping-patience 2"),
     ("--n-best 3", "--n-best 3 --output mine/nbest.txt"),
     ("--seed 7", "--seed 7 --output mine/sample.txt"),
     ("head -n 5000", "head -n 200"),
@@ -37,56 +40,55 @@ SCALE = [
     ("--checkpoint-every 100", "--checkpoint-every 3"),
 ]
 
-SIZES = {"train": 3000, "val": 60, "test_2016_flickr": 40}
 
-
-def write_data(directory):
-    """Gzipped `<split>.{en,de}` slices of Multi30k, or of the built-in
-    corpus (its target side standing in for German)."""
-    os.makedirs(directory)
-    if os.path.isdir(MULTI30K):
-        for split, size in SIZES.items():
-            for lang in ("en", "de"):
-                with gzip.open(os.path.join(MULTI30K, f"{split}.{lang}.gz"), "rt") as f:
-                    lines = [next(f) for _ in range(size)]
-                with gzip.open(os.path.join(directory, f"{split}.{lang}.gz"), "wt") as f:
-                    f.writelines(lines)
-        return "multi30k"
-    from keras_transformer.data.synthetic import builtin_source
-
-    for split, size in SIZES.items():
-        named = {"train": "train", "val": "validation", "test_2016_flickr": "test"}[split]
-        pairs = list(builtin_source("", named, "en", "synth").take(size).as_numpy_iterator())
-        for lang, side in (("en", 0), ("de", 1)):
-            with gzip.open(os.path.join(directory, f"{split}.{lang}.gz"), "wb") as f:
-                f.writelines(p[side] + b"\n" for p in pairs)
-    return "builtin"
+def bash_blocks():
+    text = open(DOC, encoding="utf-8").read()
+    return re.findall(r"```bash\n(.*?)```", text, flags=re.S)
 
 
 def documented_script():
-    text = open(DOC, encoding="utf-8").read()
-    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
-    assert len(blocks) >= 6, "the walk-through's bash blocks are gone"
-    return "\n".join(blocks)
+    """The walk-through: every bash block of the page but the Multi30k one."""
+    blocks = bash_blocks()
+    walk = [b for b in blocks if not b.startswith(MULTI30K_BLOCK)]
+    assert len(blocks) - len(walk) == 1, "the page's Multi30k block is gone or doubled"
+    assert len(walk) >= 7, "the walk-through's bash blocks are gone"
+    return "\n".join(walk)
+
+
+def multi30k_block():
+    return next(b for b in bash_blocks() if b.startswith(MULTI30K_BLOCK))
+
+
+def bash(script, cwd, env, timeout):
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def command_env():
+    """The test's environment with this Python's directory (the venv's
+    `python` and kt-* console scripts) first on PATH, as where the package
+    is installed."""
+    return dict(ENV, PATH=os.path.dirname(sys.executable) + os.pathsep + ENV.get("PATH", ""))
 
 
 def test_every_scaling_replacement_matches_the_page():
     script = documented_script()
-    missing = [old for old, _ in SCALE if old not in script]
-    assert missing == [], f"docs/own-data.md no longer has {missing}: update SCALE"
+    missing = [old for old, _ in SCALE if script.count(old) != 1]
+    assert missing == [], f"docs/own-data.md does not have each of {missing} once: update SCALE"
 
 
 def test_the_walk_through_runs_as_documented(tmp_path):
-    corpus = write_data(str(tmp_path / "data"))
     script = documented_script()
     for old, new in SCALE:
-        script = script.replace(old, new.format(data=tmp_path / "data"))
-    env = dict(ENV, PATH=os.path.dirname(sys.executable) + os.pathsep + ENV.get("PATH", ""))
-    run = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=900)
+        script = script.replace(old, new)
+    env = command_env()
+    run = bash(script, tmp_path, env, timeout=900)
     out = run.stdout + run.stderr
-    assert run.returncode == 0, f"({corpus})\n" + out[-6000:]
+    assert run.returncode == 0, out[-6000:]
 
+    # 1: the built-in corpus as TSV files, of the sizes asked for.
+    assert [len(open(tmp_path / f"mine/{split}.tsv").read().splitlines())
+            for split in ("train", "val", "test")] == [3000, 60, 40]
     # 4: validation, the best kept apart, the checkpoint to ship, test BLEU.
     assert os.path.isfile(tmp_path / "runs/mine/best/index.json")
     assert "Training data: 3000 pairs from mine/train.tsv" in out
@@ -123,6 +125,33 @@ def test_the_walk_through_runs_as_documented(tmp_path):
     tuned = out[out.index("Initialised from"):]
     assert "Training finished at step 6;" in tuned  # a fresh optimizer: from step 0
     assert os.path.isfile(tmp_path / "runs/mine-tuned/checkpoints/ckpt-6.index")
+
+
+def test_the_written_corpus_is_the_builtin_one(tmp_path):
+    """Step 1's files hold the pairs `--data builtin` trains on, in order."""
+    from keras_transformer.data import synthetic
+
+    paths = synthetic.write_tsv(str(tmp_path), seed=3, num_train=30, num_val=5, num_test=4)
+    for split, named in (("train", "train"), ("val", "validation"), ("test", "test")):
+        expected = [f"{s.decode()}\t{t.decode()}" for s, t in synthetic.builtin_source(
+            "seed=3,train=30,val=5,test=4", named).as_numpy_iterator()]
+        assert open(paths[split], encoding="utf-8").read().splitlines() == expected
+
+
+@pytest.mark.multi30k
+@pytest.mark.skipif(not os.path.isdir(MULTI30K), reason="../shared/data/multi30k is absent")
+def test_the_multi30k_block_makes_the_three_files(tmp_path):
+    """Step 1's Multi30k alternative, as written, with DATA naming the files:
+    three TSV files that kt-train's check accepts, every pair of the splits."""
+    from keras_transformer.data import sources
+
+    (tmp_path / "mine").mkdir()
+    env = dict(command_env(), DATA=os.path.abspath(MULTI30K))
+    run = bash(multi30k_block(), tmp_path, env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    counts = {split: sources.count_pairs(tsv=str(tmp_path / f"mine/{split}.tsv"))
+              for split in ("train", "val", "test")}
+    assert counts == {"train": 29000, "val": 1014, "test": 1000}
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -164,6 +193,7 @@ def test_init_from_takes_the_weights_and_leaves_the_optimizer_fresh(tmp_path):
     import numpy as np
 
     from keras_transformer.cli import train as trainer
+    from keras_transformer.pipeline.trainer import restore_initial_weights
     from keras_transformer.run_directory import RunDirectory
     from keras_transformer.schedules import transformer_adam
     from keras_transformer.training.checkpoints import build_for_restore
@@ -188,7 +218,7 @@ def test_init_from_takes_the_weights_and_leaves_the_optimizer_fresh(tmp_path):
         optimizer = transformer_adam(64, warmup_steps=4)
         model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
         build_for_restore(model, optimizer)
-        trainer._restore_initial_weights(model, optimizer, (prefix, "test"), keep)
+        restore_initial_weights(model, optimizer, (prefix, "test"), keep)
         for a, b in zip(model.weights, expected.weights):
             np.testing.assert_array_equal(keras.ops.convert_to_numpy(a),
                                           keras.ops.convert_to_numpy(b))

@@ -160,7 +160,7 @@ def test_nothing_to_load_names_the_directories(tmp_path, tiny_config):
 
 def test_averaged_sources_and_staleness(tmp_path, tiny_config, capsys):
     run, model = make_run(tmp_path, tiny_config)
-    output, inputs = average_checkpoints(run.path, 2)
+    output, inputs = average_checkpoints(run, 2)
     with open(os.path.join(run.averaged_dir, "sources.json")) as f:
         sources = json.load(f)
     assert sources == {
@@ -193,13 +193,13 @@ def test_averaged_sources_and_staleness(tmp_path, tiny_config, capsys):
     assert loaded_equals_step(run, "last", 400)
 
     # Averaging again makes it fresh.
-    average_checkpoints(run.path, 2)
+    average_checkpoints(run, 2)
     assert run.resolve_checkpoint()[0] == os.path.join(run.averaged_dir, "ckpt-400")
 
 
 def test_averaged_without_sources_is_used_only_when_not_older(tmp_path, tiny_config):
     run, model = make_run(tmp_path, tiny_config)
-    output, _ = average_checkpoints(run.path, 2)
+    output, _ = average_checkpoints(run, 2)
     os.remove(os.path.join(run.averaged_dir, "sources.json"))  # an older run's averaged/
     prefix, reason = run.resolve_checkpoint()
     assert prefix == output and "not recorded" in reason
@@ -215,7 +215,7 @@ def test_sources_of_another_average_do_not_count(tmp_path, tiny_config):
     # A crash between the checkpoint and sources.json leaves no record, never
     # a wrong one: a sources.json naming another checkpoint is ignored.
     run, _ = make_run(tmp_path, tiny_config)
-    average_checkpoints(run.path, 2)
+    average_checkpoints(run, 2)
     path = os.path.join(run.averaged_dir, "sources.json")
     with open(path) as f:
         sources = json.load(f)

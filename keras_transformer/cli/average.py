@@ -31,9 +31,8 @@ def build_parser():
 def main(argv=None):
     startup.start(argv)
     args = build_parser().parse_args(argv)
-    from keras_transformer.training.checkpoints import average_checkpoints
-
     from keras_transformer.run_directory import RunDirectory
+    from keras_transformer.training.checkpoints import average_checkpoints
 
     if args.checkpoints is not None and args.source == "best":
         print("error: --checkpoints names the checkpoints; it cannot be combined with "

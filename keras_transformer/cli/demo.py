@@ -9,7 +9,8 @@
      and score it with sacreBLEU;
   5. export a SavedModel (strings in, strings out) to saved_models/, load it
      back with `tf.saved_model.load` and translate held-out sentences;
-  6. draw the attention maps of one translation.
+  6. draw the attention maps of one translation (skipped, saying so, without
+     matplotlib: `pip install 'attention-transformer-keras[viz]'`).
 
     kt-demo                                  # a few minutes on 2 CPU cores
     kt-demo --train-steps 200 --config tiny  # a smoke run
@@ -21,6 +22,7 @@ SavedModels go under the current directory unless --run-dir and
 
 import argparse
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -121,15 +123,33 @@ class PhaseClock:
         return (time.time() - self.started) / 60
 
 
+def draw_pictures(run_dir, sentence, checkpoint):
+    """Phase 6: the attention maps of `sentence` translated by `checkpoint`,
+    in `<run_dir>/pictures`. Returns that directory; or, when matplotlib (the
+    `viz` extra) is missing, prints one line saying so and how to draw them
+    later, and returns None, so that the demo still ends well."""
+    from keras_transformer.cli.visualize import visualize
+    from keras_transformer.visualization import matplotlib_missing
+
+    missing = matplotlib_missing()
+    if missing:
+        print(f"Skipped: {missing}, then kt-visualize --run-dir {shlex.quote(run_dir)} "
+              f"--sentence {shlex.quote(sentence)}", flush=True)
+        return None
+    pictures_dir = os.path.join(run_dir, "pictures")
+    visualize(run_dir, sentence, pictures_dir, checkpoint=checkpoint)
+    return pictures_dir
+
+
 def main(argv=None):
     startup.start(argv)
     args = build_parser().parse_args(argv)
     import tensorflow as tf
 
     from keras_transformer.cli import train
-    from keras_transformer.cli.visualize import visualize
     from keras_transformer.data.synthetic import builtin_source
     from keras_transformer.evaluation import score_translations
+    from keras_transformer.export.engine import SERVING_DEFAULT
     from keras_transformer.export.saved_model import export_translator
     from keras_transformer.export.translator import Translator
     from keras_transformer.run_directory import RunDirectory
@@ -166,7 +186,7 @@ def main(argv=None):
                              examples=sources[:EXAMPLES])
     import tensorflow_text  # noqa: F401  (registers the SentencePiece ops for loading)
 
-    served = tf.saved_model.load(path).signatures["serving_default"]
+    served = tf.saved_model.load(path).signatures[SERVING_DEFAULT]
     samples = sources[:5]
     outputs = served(text=tf.constant(samples))
     for source, translation, reference in zip(
@@ -176,8 +196,7 @@ def main(argv=None):
         print(f"{mark}{source}\n   -> {translation}\n   (reference: {reference})")
 
     clock.phase("6. Attention pictures")
-    pictures_dir = os.path.join(args.run_dir, "pictures")
-    _, pictures = visualize(args.run_dir, sources[0], pictures_dir, checkpoint=averaged)
+    pictures_dir = draw_pictures(args.run_dir, sources[0], averaged)
 
     clock.stop()
     minutes = clock.minutes()
@@ -185,7 +204,8 @@ def main(argv=None):
     print(f"  test BLEU       {scores['bleu']:.1f} (sacreBLEU, {len(sources)} held-out sentences)")
     print(f"  run directory   {run.path}  (config, vocabulary, checkpoints, TensorBoard logs)")
     print(f"  SavedModel      {path}")
-    print(f"  pictures        {pictures_dir}")
+    if pictures_dir:
+        print(f"  pictures        {pictures_dir}")
     print(f"  TensorBoard     tensorboard --logdir {run.log_dir}")
     print(f"  translate more  echo 'the dog sees a cat' | kt-translate "
           f"--saved-model {os.path.dirname(path)}")

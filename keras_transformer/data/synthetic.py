@@ -21,10 +21,21 @@ are the same bag of words with different translations (the case endings and
 the order differ), so a model without positional information cannot solve
 the task (`tests/test_synthetic_data.py` shows both the fact and the
 consequence).
+
+`--data builtin` reads it in memory; `write_tsv` (or this module run as a
+program) writes it out as TSV files, for walk-throughs that start from files
+(docs/own-data.md).
+
+Example:
+    python -m keras_transformer.data.synthetic --write mine
+    # mine/train.tsv (40,000 pairs), mine/val.tsv, mine/test.tsv (500 each)
 """
 
+import argparse
 import functools
+import os
 import random
+import sys
 
 NOUNS = (
     "dog cat horse bird fish cow pig goat sheep duck mouse rabbit fox wolf bear lion "
@@ -316,3 +327,50 @@ def builtin_source(location, split, src_lang="en", tgt_lang="synth", **unused):
     sources, targets = ((english_side, synthetic_side) if src_lang == "en"
                         else (synthetic_side, english_side))
     return tf.data.Dataset.from_tensor_slices((list(sources), list(targets)))
+
+
+TSV_SPLITS = ("train", "val", "test")
+
+
+def write_tsv(directory, seed=0, num_train=40000, num_val=500, num_test=500):
+    """Writes the corpus of `seed` (the pairs `--data builtin:seed=N,...`
+    gives, English -> synthetic) as `directory/train.tsv`, `val.tsv` and
+    `test.tsv`: one `source<TAB>target` pair per line, UTF-8. Creates
+    `directory`; replaces those files.
+
+    Returns: `{split: path}`.
+    """
+    corpus = _cached_corpus(seed, num_train, num_val, num_test)
+    os.makedirs(directory, exist_ok=True)
+    paths = {}
+    for split in TSV_SPLITS:
+        paths[split] = os.path.join(directory, f"{split}.tsv")
+        with open(paths[split], "w", encoding="utf-8", newline="\n") as f:
+            f.writelines(f"{source}\t{target}\n" for source, target in zip(*corpus[split]))
+    return paths
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m keras_transformer.data.synthetic",
+        description="Writes the built-in corpus (kt-train --data builtin) as TSV files: "
+                    "DIR/train.tsv, DIR/val.tsv, DIR/test.tsv, one English<TAB>synthetic "
+                    "pair per line.")
+    parser.add_argument("--write", required=True, metavar="DIR",
+                        help="directory to write the three files into (created)")
+    parser.add_argument("--seed", type=int, default=0, help="the corpus's seed")
+    for split, size in (("train", "num_train"), ("val", "num_val"), ("test", "num_test")):
+        parser.add_argument(f"--{split}", type=int, default=DEFAULT_SIZES[size],
+                            help=f"pairs in {split}.tsv (default %(default)s)")
+    args = parser.parse_args(argv)
+    for split in TSV_SPLITS:
+        if getattr(args, split) < 1:
+            parser.error(f"--{split} must be >= 1, received {getattr(args, split)}.")
+    paths = write_tsv(args.write, args.seed, args.train, args.val, args.test)
+    for split, path in paths.items():
+        print(f"{path}: {getattr(args, split)} pairs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

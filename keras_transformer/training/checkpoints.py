@@ -6,16 +6,25 @@ A checkpoint is `tf.train.Checkpoint(model=..., optimizer=...)`: the model's
 weights, the optimizer's slots and its iteration counter, so a restored run
 continues the learning-rate schedule at the step it reached. Checkpoints are
 numbered by the optimizer step (updates, not micro-batches).
+
+`average_checkpoints` is the averaging itself; it takes a `RunDirectory` for
+where the checkpoints are and where the average goes, and `RunDirectory`
+calls it for the `best:K` and `last:K` selectors (so this module does not
+import `run_directory`).
 """
 
+import json
 import os
+import re
 import shutil
 
 import keras
+import numpy as np
 import tensorflow as tf
 
-from keras_transformer.run_directory import RunDirectory
+from keras_transformer.tokenizer import write_atomically
 from keras_transformer.training.strategy import is_chief, worker_id
+from keras_transformer.transformer import Transformer
 
 
 def optimizer_step(optimizer):
@@ -115,6 +124,14 @@ class StepCheckpoint(keras.callbacks.Callback):
         self._save()
 
 
+def checkpoint_step(prefix):
+    """The step of a `.../ckpt-<step>` prefix. Raises ValueError otherwise."""
+    match = re.fullmatch(r".*-(\d+)", os.path.basename(prefix))
+    if not match:
+        raise ValueError(f"{prefix} is not a checkpoint prefix of the form .../ckpt-<step>.")
+    return int(match.group(1))
+
+
 def average_checkpoints(run_dir, num_checkpoints, checkpoints=None, allow_fewer=False,
                         source="last"):
     """Averages the weights of `num_checkpoints` checkpoints of a run (paper
@@ -123,7 +140,8 @@ def average_checkpoints(run_dir, num_checkpoints, checkpoints=None, allow_fewer=
     optimizer), then `averaged/sources.json`.
 
     Args:
-        run_dir: a run directory (path or `RunDirectory`).
+        run_dir: the run's `keras_transformer.run_directory.RunDirectory`
+            (for a path, pass `RunDirectory(path)`).
         num_checkpoints: how many checkpoints to average.
         checkpoints: explicit checkpoint prefixes instead (newest last;
             relative ones are under `checkpoints/`).
@@ -146,7 +164,113 @@ def average_checkpoints(run_dir, num_checkpoints, checkpoints=None, allow_fewer=
     Returns: `(output prefix, averaged prefixes)`. Floating-point weights are
     averaged in float64 and cast back; integer variables (e.g. dropout seed
     state) are taken from the last prefix.
+
+    Raises: TypeError for a path instead of a `RunDirectory`; ValueError for
+    a bad `source` or `num_checkpoints`, or fewer kept checkpoints than asked
+    for without `allow_fewer`; FileNotFoundError when there is nothing to
+    average.
     """
-    run = run_dir if isinstance(run_dir, RunDirectory) else RunDirectory(run_dir)
-    return run.average_checkpoints(num_checkpoints, checkpoints, allow_fewer=allow_fewer,
-                                   source=source)
+    if isinstance(run_dir, (str, bytes, os.PathLike)):
+        raise TypeError(
+            f"average_checkpoints takes a RunDirectory, received the path {run_dir!r}: "
+            f"pass keras_transformer.run_directory.RunDirectory({run_dir!r})."
+        )
+    run = run_dir
+    checkpoints, chosen, best = _choose_checkpoints(run, num_checkpoints, checkpoints,
+                                                    allow_fewer, source)
+    model = Transformer(run.load_config())
+    model.build()
+    holder = tf.train.Checkpoint(model=model)
+    _assign_mean(model, holder, checkpoints)
+    sources_path = run.averaged_sources_path
+    if os.path.exists(sources_path):
+        os.remove(sources_path)
+    manager = tf.train.CheckpointManager(holder, run.averaged_dir, max_to_keep=1,
+                                         checkpoint_name="ckpt")
+    output = manager.save(checkpoint_number=checkpoint_step(checkpoints[-1]))
+    record = _sources_record(run, output, chosen, checkpoints, best)
+    write_atomically(sources_path, (json.dumps(record, indent=2) + "\n").encode("utf-8"))
+    return output, checkpoints
+
+
+def _choose_checkpoints(run, num_checkpoints, checkpoints, allow_fewer, source):
+    """`average_checkpoints`'s inputs: `(absolute prefixes, chosen, best)`,
+    `best` the run's best-checkpoint list when `source` is "best" (else None)."""
+    if source not in ("last", "best"):
+        raise ValueError(f"`source` must be 'last' or 'best', received {source!r}.")
+    best = None
+    if checkpoints is not None:
+        chosen = "explicit"
+        if not checkpoints:
+            raise ValueError("No checkpoints named to average: give at least one prefix.")
+    else:
+        chosen = source
+        if source == "last":
+            available = [p for p, _ in run.training_checkpoints()]
+            where, flag = run.checkpoint_dir, "--keep-checkpoints"
+        else:
+            best = run.best_checkpoints()
+            available = [p for p, _, _ in best]
+            where, flag = run.best_dir, "--keep-best"
+        if not available:
+            if source == "last":
+                raise FileNotFoundError(f"No checkpoints in {run.checkpoint_dir} to average.")
+            raise FileNotFoundError(
+                f"No best checkpoints in {run.best_dir} to average (best/index.json is "
+                "missing or lists none): train with --keep-best K and a --valid-split.")
+        if num_checkpoints < 1:
+            raise ValueError(f"`num_checkpoints` must be >= 1, received {num_checkpoints}.")
+        if num_checkpoints > len(available) and not allow_fewer:
+            raise ValueError(
+                f"Asked to average {num_checkpoints} checkpoints but {where} "
+                f"keeps only {len(available)}: {[os.path.basename(p) for p in available]}. "
+                f"Train with a larger {flag} or average fewer."
+            )
+        if source == "last":
+            checkpoints = available[-num_checkpoints:]  # all of them when fewer are kept
+        else:
+            checkpoints = sorted(available[:num_checkpoints], key=checkpoint_step)
+    checkpoints = [p if os.path.isabs(p) else os.path.join(run.checkpoint_dir, p)
+                   for p in checkpoints]
+    return checkpoints, chosen, best
+
+
+def _assign_mean(model, holder, checkpoints):
+    """Sets `model`'s weights to the mean over `checkpoints` (restored through
+    `holder`), summed in float64; integer variables keep the last one's."""
+    sums = None
+    for prefix in checkpoints:
+        holder.restore(prefix).expect_partial().assert_existing_objects_matched()
+        values = [np.asarray(keras.ops.convert_to_numpy(v)) for v in model.weights]
+        if sums is None:
+            sums = [v.astype(np.float64) if np.issubdtype(v.dtype, np.floating) else v
+                    for v in values]
+        else:
+            sums = [s + v if np.issubdtype(v.dtype, np.floating) else v
+                    for s, v in zip(sums, values)]
+    for variable, total in zip(model.weights, sums):
+        if np.issubdtype(total.dtype, np.floating):
+            total = total / len(checkpoints)
+        variable.assign(total.astype(variable.dtype))
+
+
+def _sources_record(run, output, chosen, checkpoints, best):
+    """The contents of `averaged/sources.json` (see `average_checkpoints`)."""
+    latest = run.latest_training_checkpoint()
+    entries = []
+    for prefix in checkpoints:
+        entry = {"prefix": run.display(prefix), "step": checkpoint_step(prefix)}
+        if best is not None:
+            rank = [os.path.abspath(p) for p, _, _ in best].index(os.path.abspath(prefix))
+            entry.update(value=best[rank][2], rank=rank + 1)
+        entries.append(entry)
+    record = {
+        "output": os.path.basename(output),
+        "chosen": chosen,
+        "num": len(checkpoints),
+        "sources": entries,
+        "newest_training_step": latest[1] if latest else None,
+    }
+    if best is not None:
+        record["metric"] = best.metric
+    return record
