@@ -66,8 +66,9 @@ class Transformer(keras.Model):
         self.config = config
         policy = self.dtype_policy
         c = config
-        source_tokens = TokenEmbedding(c.vocab_size, c.d_model, dtype=policy, name="shared_embedding"
-                                       if c.shared_vocabulary else "source_embedding")
+        source_tokens = TokenEmbedding(
+            c.vocab_size, c.d_model, dtype=policy,
+            name="shared_embedding" if c.shared_vocabulary else "source_embedding")
         target_tokens = (
             source_tokens
             if c.shared_vocabulary

@@ -29,7 +29,6 @@ import time
 
 from keras_transformer import startup
 
-
 # Held-out sentences the SavedModel carries as examples.
 EXAMPLES = 12
 

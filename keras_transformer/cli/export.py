@@ -54,7 +54,6 @@ from keras_transformer.cli.common import (
     run_command,
 )
 
-
 # Example sentences kept from --examples.
 MAX_EXAMPLES = 50
 FORMATS = ("saved_model", "ctranslate2")
@@ -120,7 +119,6 @@ def export(argv=None):
     Returns: that path.
     """
     from keras_transformer.export import export_translator, translator_from_run_directory
-
     from keras_transformer.run_directory import RunDirectory
 
     parser = build_parser()

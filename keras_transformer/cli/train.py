@@ -17,7 +17,11 @@ from keras_transformer import startup
 def build_parser():
     from keras_transformer.config import PRESETS
     from keras_transformer.pipeline.settings import (
-        DEFAULT_SUBWORD_NBEST, PRECISIONS, STRATEGIES, settings_fields)
+        DEFAULT_SUBWORD_NBEST,
+        PRECISIONS,
+        STRATEGIES,
+        settings_fields,
+    )
 
     p = argparse.ArgumentParser(
         prog="kt-train",
@@ -31,14 +35,19 @@ def build_parser():
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         epilog=(
             "examples:\n"
-            "  kt-train --run-dir runs/m30k --data text:../shared/data/multi30k \\\n"
-            "      --src-lang en --tgt-lang de --config small --vocab-size 8000 --train-steps 20000\n"
+            "  kt-train --run-dir runs/m30k --data text:$DATA \\\n"
+            "      --src-lang en --tgt-lang de --config small --vocab-size 8000 "
+            "--train-steps 20000\n"
             "  kt-train --run-dir runs/mine --train-tsv train.tsv --valid-tsv dev.tsv \\\n"
-            "      --vocab my.model --config my.yaml --set dropout=0.2 --early-stopping-patience 5\n"
+            "      --vocab my.model --config my.yaml --set dropout=0.2 "
+            "--early-stopping-patience 5\n"
             "  kt-train --run-dir runs/wmt --data tfds:wmt14_translate/de-en \\\n"
-            "      --src-lang en --tgt-lang de --config base --batch-tokens 3125 --accumulation-steps 8\n"
-            "  kt-train --run-dir runs/tuned --init-from runs/wmt --train-src in.en --train-tgt in.de\n"
-            "  TF_CONFIG='{\"cluster\":{\"worker\":[\"h1:2222\",\"h2:2222\"]},\"task\":{\"type\":\"worker\",\"index\":0}}' \\\n"
+            "      --src-lang en --tgt-lang de --config base --batch-tokens 3125 "
+            "--accumulation-steps 8\n"
+            "  kt-train --run-dir runs/tuned --init-from runs/wmt --train-src in.en "
+            "--train-tgt in.de\n"
+            "  TF_CONFIG='{\"cluster\":{\"worker\":[\"h1:2222\",\"h2:2222\"]},"
+            "\"task\":{\"type\":\"worker\",\"index\":0}}' \\\n"
             "      kt-train --strategy multi_worker_mirrored ...  (same on h2 with index 1)\n"
             "  kt-average --run-dir runs/wmt --num 5"
         ),
@@ -144,7 +153,8 @@ def build_parser():
     g.add_argument("--warmup-steps", type=int)
     g.add_argument("--lr-scale", type=float, help="multiplies the schedule")
     g.add_argument("--accumulation-steps", type=int,
-                   help="micro-batches per update (effective batch = batch-tokens x replicas x this)")
+                   help="micro-batches per update (effective batch = batch-tokens x "
+                        "replicas x this)")
     g.add_argument("--precision", choices=("auto",) + PRECISIONS,
                    help="auto: mixed_bfloat16 where the CPU or GPU multiplies bfloat16 in "
                         "hardware (AVX512-BF16/AMX CPUs, Ampere or later GPUs), else float32; "

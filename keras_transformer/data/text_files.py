@@ -77,9 +77,7 @@ def count_lines(path):
     Raises `TextFileError` naming the file (and the line, 1-based) when it is
     missing, empty, not valid gzip, or a line is not valid UTF-8.
     """
-    count = 0
-    for count, _ in checked_lines(path):
-        pass
+    count = sum(1 for _ in checked_lines(path))
     if count == 0:
         raise TextFileError(f"{path}: the file is empty; expected one sentence per line.")
     return count

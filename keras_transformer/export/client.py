@@ -104,7 +104,8 @@ class RestClient(ExplainingEngine):
                 import requests
             except ImportError as error:  # pragma: no cover - depends on the env
                 raise ImportError(
-                    "RestClient needs `requests`: pip install 'attention-transformer-keras[serving]'"
+                    "RestClient needs `requests`: "
+                    "pip install 'attention-transformer-keras[serving]'"
                 ) from error
             self._session = requests.Session()
         return self._session

@@ -692,9 +692,9 @@ def translate_in_batches(run, sentences, batch_size=32):
 
 
 def explain_in_batches(run, sentences, batch_size=32):
-    """Calls `run(tf.constant(batch of strings))` -> the
-    `translate_explain` signature's outputs on length-sorted batches and returns, in the input order, one
-    dict per sentence, trimmed to its own lengths: `translation` (str),
+    """Calls `run(tf.constant(batch of strings))` -> the `translate_explain`
+    signature's outputs on length-sorted batches and returns, in the input
+    order, one dict per sentence, trimmed to its own lengths: `translation` (str),
     `score` (float), `source_pieces` (S str, eos last), `target_pieces` (T
     str), `token_log_probs` (T floats), `alignment` (T lists of S floats,
     row t the attention over the source while predicting target piece t)."""

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from keras_transformer.kernels import eigen_slices
 
+
 def dense(x, kernel, bias=None, relu=False, sliced_inputs=False, sliced_outputs=False):
     """`x kernel + bias`, then ReLU when `relu`; gradient written out.
 

@@ -1,7 +1,6 @@
 """Paper section 3 as Keras layers: one module per concept."""
 
 from keras_transformer.layers.attention import MultiHeadAttention
-from keras_transformer.ops.attention import scaled_dot_product_attention
 from keras_transformer.layers.decoder import Decoder, DecoderLayer
 from keras_transformer.layers.embedding import PositionalEmbedding, TokenEmbedding
 from keras_transformer.layers.encoder import Encoder, EncoderLayer
@@ -13,3 +12,4 @@ from keras_transformer.layers.position_encoding import (
     sinusoidal_position_encoding,
 )
 from keras_transformer.layers.residual import ResidualNorm
+from keras_transformer.ops.attention import scaled_dot_product_attention

@@ -17,6 +17,7 @@ from keras_transformer.layers.dense import Dense
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.masks import TakesAttentionMask
 
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class MultiHeadAttention(TakesAttentionMask, keras.layers.Layer):
     """Multi-head attention, paper section 3.2.2.
