@@ -33,3 +33,26 @@ def test_rejects_bad_values_clearly(bad, match):
 def test_rejects_unknown_fields():
     with pytest.raises(ValueError, match="Unknown"):
         TransformerConfig.from_dict({"vocab_size": 10, "d_modle": 8})
+
+
+def test_get_config_takes_the_tokenizer_s_size_and_ids_and_refuses_others():
+    import types
+
+    import pytest
+
+    stock = types.SimpleNamespace(vocab_size=8001, pad_id=8000, bos_id=1, eos_id=2)
+    config = kt.get_config("tiny", tokenizer=stock)
+    assert (config.vocab_size, config.pad_id, config.bos_id, config.eos_id) == (8001, 8000, 1, 2)
+    with pytest.raises(ValueError, match=r"`vocab_size=37000` disagrees with the tokenizer's "
+                                         r"vocab_size \(8001\)"):
+        kt.get_config("tiny", vocab_size=37000, tokenizer=stock)
+    with pytest.raises(ValueError, match=r"`pad_id=0` disagrees with the tokenizer's pad_id "
+                                         r"\(8000\)"):
+        kt.get_config("tiny", tokenizer=stock, pad_id=0)
+    target = types.SimpleNamespace(vocab_size=8100, pad_id=8000, bos_id=1, eos_id=3)
+    with pytest.raises(ValueError, match=r"target tokenizer's eos_id \(3\) differs"):
+        kt.get_config("tiny", tokenizer=stock, target_tokenizer=target)
+    target.eos_id = 2
+    assert kt.get_config("tiny", tokenizer=stock, target_tokenizer=target).target_vocab_size == 8100
+    with pytest.raises(ValueError, match="needs `vocab_size` or `tokenizer`"):
+        kt.get_config("tiny")

@@ -177,3 +177,28 @@ def test_training_data_is_required_and_data_needs_languages():
 def test_documented_validate_every_is_the_old_steps_per_epoch():
     assert resolved(BASE + ["--validate-every", "7"]).steps_per_epoch == 7
     assert resolved(BASE + ["--steps-per-epoch", "9"]).steps_per_epoch == 9
+
+
+def test_every_setting_flag_is_a_training_config_field_with_its_default():
+    parser = trainer.build_parser()
+    not_settings = {"help", "set", "tf_verbose", "system_malloc", "config", "run_dir"}
+    dests = {a.dest for a in parser._actions if a.option_strings} - not_settings
+    assert dests == set(settings.settings_fields())
+    args = parser.parse_args(["--run-dir", "r"])
+    for name, field in settings.settings_fields().items():
+        assert getattr(args, name) == field.default, name
+
+
+def test_a_script_s_training_config_is_checked_like_the_flags(tmp_path):
+    import keras_transformer as kt
+
+    with pytest.raises(ValueError, match=r"^--batch-tokens must be int, received '4096'"):
+        kt.TrainingConfig(run_dir="r", train_tsv="t.tsv", batch_tokens="4096").validate()
+    with pytest.raises(ValueError, match=r"^--precision must be one of"):
+        kt.TrainingConfig(run_dir="r", train_tsv="t.tsv", precision="fp8").validate()
+    path = write(tmp_path, "c.yaml", YAML)
+    config = kt.TrainingConfig.from_file(path, run_dir="r", train_tsv="t.tsv", train_steps=5)
+    assert (config.batch_tokens, config.train_steps) == (512, 5)  # keywords win
+    assert config.model_settings["norm_first"] is True
+    with pytest.raises(ValueError, match=r"c\.yaml, training: `batch_tokens` must be int"):
+        kt.TrainingConfig.from_file(write(tmp_path, "c.yaml", "training:\n  batch_tokens: x\n"))

@@ -136,7 +136,7 @@ class TrainingRun:
 
     def __init__(self, run_dir, model, tokenizer=None, target_tokenizer=None,
                  keep_checkpoints=20, strategy=None):
-        if model.optimizer is None:
+        if getattr(model, "optimizer", None) is None:
             raise ValueError("TrainingRun needs a compiled model (call model.compile first).")
         self.strategy = strategy or tf.distribute.get_strategy()
         self.chief = is_chief(self.strategy)
