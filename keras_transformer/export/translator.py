@@ -181,9 +181,11 @@ class Translator(tf.Module, ExplainingEngine):
       pass of the model over it (see `explain`).
 
     Options outside their ranges (`beam_size` < 1 or above half the target
-    vocabulary, `n` outside `[1, beam_size]`, `temperature` < 0, `top_k` <
-    0, `top_p` outside `(0, 1]`) fail the whole request with
-    `InvalidArgumentError`.
+    vocabulary, `alpha` negative or not finite, `n` outside `[1,
+    beam_size]`, `temperature` < 0,
+    `top_k` < 0, `top_p` outside `(0, 1]`) fail the whole request with
+    `InvalidArgumentError` naming the option, in the graph: TF Serving
+    answers them with a 400 too.
 
     Example:
 
@@ -352,11 +354,31 @@ class Translator(tf.Module, ExplainingEngine):
         return self._translate_text(text, lambda tokens: self._translate_tokens(
             tokens, self.beam_size, self.alpha, self.extra_length))
 
+    def _checked_options(self, beam_size, alpha, extra_length):
+        """A request's search options, checked in the graph, so that every
+        server of the SavedModel (TF Serving too) answers a bad value with
+        InvalidArgument naming it: `beam_size` in `[1, output vocabulary //
+        2]` (compared in int64, so no value wraps into range), `alpha`
+        finite and >= 0. `extra_length` is clamped to `[0,
+        config.max_length]`: no output is longer than `max_length`, and the
+        clamp keeps `source length + 1 + extra_length` from wrapping."""
+        vocab_size, max_length = self.config.output_vocab_size, self.config.max_length
+        wide = tf.cast(beam_size, tf.int64)
+        checks = [
+            tf.debugging.Assert((wide >= 1) & (2 * wide <= vocab_size),
+                                [f"beam_size must be between 1 and {vocab_size // 2}, received",
+                                 beam_size]),
+            tf.debugging.Assert(tf.math.is_finite(alpha) & (alpha >= 0.0),
+                                ["alpha must be a finite number >= 0, received", alpha]),
+        ]
+        with tf.control_dependencies(checks):
+            return (tf.identity(beam_size), tf.identity(alpha),
+                    tf.clip_by_value(extra_length, 0, max_length))
+
     @tf.function(input_signature=[TEXT_SPEC, BEAM_SIZE_SPEC, ALPHA_SPEC, EXTRA_LENGTH_SPEC],
                  autograph=False)
     def signature_translate_with_options(self, text, beam_size, alpha, extra_length):
-        beam_size = _checked_beam_size(beam_size, self.config.output_vocab_size)
-        extra_length = tf.maximum(extra_length, 0)
+        beam_size, alpha, extra_length = self._checked_options(beam_size, alpha, extra_length)
         return self._translate_text(text, lambda tokens: self._translate_tokens(
             tokens, beam_size, alpha, extra_length))
 
@@ -376,7 +398,7 @@ class Translator(tf.Module, ExplainingEngine):
     @tf.function(input_signature=[TEXT_SPEC, N_SPEC, BEAM_SIZE_SPEC, ALPHA_SPEC,
                                   EXTRA_LENGTH_SPEC], autograph=False)
     def signature_translate_nbest(self, text, n, beam_size, alpha, extra_length):
-        beam_size = _checked_beam_size(beam_size, self.config.output_vocab_size)
+        beam_size, alpha, extra_length = self._checked_options(beam_size, alpha, extra_length)
         check = tf.debugging.assert_equal((n >= 1) & (n <= beam_size), True,
                                           message="n must be between 1 and beam_size")
         with tf.control_dependencies([check]):
@@ -384,8 +406,7 @@ class Translator(tf.Module, ExplainingEngine):
         _, tokens = self._tokens(text)
         source_ids, lengths, is_empty = self._source_ids(tokens)
         sequences, scores = beam_search_translate(
-            self.model, source_ids, beam_size, alpha, tf.maximum(extra_length, 0),
-            source_length=lengths)
+            self.model, source_ids, beam_size, alpha, extra_length, source_length=lengths)
         sequences, scores = self._cleaned(sequences[:, :n], scores[:, :n], is_empty)
         shape = tf.shape(sequences)
         texts = self._detokenize(tf.reshape(sequences, [-1, shape[2]]))
@@ -404,11 +425,12 @@ class Translator(tf.Module, ExplainingEngine):
         ]
         with tf.control_dependencies(checks):
             temperature = tf.identity(temperature)
+        _, _, extra_length = self._checked_options(1, 0.0, extra_length)
         text, tokens = self._tokens(text)
         source_ids, lengths, is_empty = self._source_ids(tokens)
         sequences, scores = sample_translate(
             self.model, source_ids, temperature, top_k, top_p,
-            extra_length=tf.maximum(extra_length, 0), source_length=lengths,
+            extra_length=extra_length, source_length=lengths,
             noise=self._sentence_noise(text, seed))
         ids, score = self._cleaned(sequences, scores, is_empty)
         return {"translation": self._detokenize(ids), "score": score}
@@ -416,12 +438,11 @@ class Translator(tf.Module, ExplainingEngine):
     @tf.function(input_signature=[TEXT_SPEC, BEAM_SIZE_SPEC, ALPHA_SPEC, EXTRA_LENGTH_SPEC],
                  autograph=False)
     def signature_translate_explain(self, text, beam_size, alpha, extra_length):
-        beam_size = _checked_beam_size(beam_size, self.config.output_vocab_size)
+        beam_size, alpha, extra_length = self._checked_options(beam_size, alpha, extra_length)
         _, tokens = self._tokens(text)
         source_ids, lengths, is_empty = self._source_ids(tokens)
         sequences, scores = beam_search_translate(
-            self.model, source_ids, beam_size, alpha, tf.maximum(extra_length, 0),
-            source_length=lengths)
+            self.model, source_ids, beam_size, alpha, extra_length, source_length=lengths)
         best = sequences[:, 0]
         ids, score = self._best(sequences, scores, is_empty)
         explained = self._explain(source_ids, lengths, best, is_empty)
@@ -773,17 +794,6 @@ def _check_search_options(beam_size, extra_length, vocab_size):
         raise ValueError(
             f"`beam_size` ({beam_size}) must be at most half the vocabulary ({vocab_size})."
         )
-
-
-def _checked_beam_size(beam_size, vocab_size):
-    """A clear error (for the whole request) on a beam size outside
-    `[1, vocab_size // 2]`."""
-    check = tf.debugging.assert_equal(
-        (beam_size >= 1) & (2 * beam_size <= vocab_size), True,
-        message=f"beam_size must be between 1 and {vocab_size // 2}",
-    )
-    with tf.control_dependencies([check]):
-        return tf.identity(beam_size)
 
 
 def _check_matches(config, tokenizer, target_tokenizer=None):

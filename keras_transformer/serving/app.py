@@ -36,14 +36,15 @@ from starlette.routing import Route
 
 from keras_transformer.serving import rest_api
 from keras_transformer.serving.batching import QueueFull, batch_key, batchable
-from keras_transformer.serving.model_versions import ModelError
+from keras_transformer.serving.model_versions import ModelError, ModelOverloaded
 from keras_transformer.serving.rest_api import RestError
 
 LOGGER = logging.getLogger("kt-serve")
 PLAYGROUND_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "playground")
 
 _MODEL_PATH = re.compile(
-    r"(?P<name>[^/:]+)(?:/versions/(?P<version>[0-9]+))?"
+    # At most 18 digits: an int64, and no huge number reaches int().
+    r"(?P<name>[^/:]+)(?:/versions/(?P<version>[0-9]{1,18}))?"
     r"(?:(?P<predict>:predict)|(?P<metadata>/metadata)|(?P<other>:[A-Za-z]+))?")
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 _BATCHING_PATH = re.compile(r"(?P<name>[^/:]+)/batching")
@@ -230,6 +231,8 @@ class ServingApp:
             return error_response(e.message, e.status)
         except ModelError as e:
             return error_response(e.args[0], 400)
+        except ModelOverloaded as e:
+            return error_response(e.args[0], 503)
         except QueueFull as e:
             return error_response(str(e), 503)
         return Response(answer, 200, media_type="application/json")

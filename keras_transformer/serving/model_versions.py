@@ -39,7 +39,21 @@ class NoServableVersion(FileNotFoundError):
 
 class ModelError(Exception):
     """The model refused its inputs (TensorFlow's InvalidArgumentError):
-    the client's fault, HTTP 400."""
+    the client's fault, HTTP 400. `args[0]` is TensorFlow's message without
+    its graph-node lines."""
+
+
+class ModelOverloaded(Exception):
+    """The request needs more memory than the server can give it
+    (TensorFlow's ResourceExhaustedError): HTTP 503, the server lives on."""
+
+
+def _client_message(message):
+    """TensorFlow's error message without the lines naming graph nodes
+    ("[[{{node ...}}]]", "Detected at node ...") a client cannot act on."""
+    kept = [line for line in message.split("\n")
+            if line.strip() and not line.strip().startswith(("[[", "Detected at node"))]
+    return " ".join(line.strip() for line in kept) or message
 
 
 class Servable:
@@ -86,7 +100,8 @@ class Servable:
         specs). Blocks; thread-safe.
 
         Returns: `{output name: np.ndarray}`.
-        Raises: `ModelError` when the model rejects the inputs.
+        Raises: `ModelError` when the model rejects the inputs,
+        `ModelOverloaded` when they need more memory than there is.
         """
         tf = self._tf
         tensors = {name: tf.constant(value, _tf_dtype(tf, self.specs[signature].inputs[name]))
@@ -94,7 +109,11 @@ class Servable:
         try:
             outputs = self._signatures[signature](**tensors)
         except tf.errors.InvalidArgumentError as e:
-            raise ModelError(e.message) from None
+            raise ModelError(_client_message(e.message)) from None
+        except tf.errors.ResourceExhaustedError:
+            raise ModelOverloaded(
+                "The request needs more memory than the server has (ResourceExhausted): "
+                "send fewer sentences or a smaller beam_size.") from None
         return {name: value.numpy() for name, value in outputs.items()}
 
 

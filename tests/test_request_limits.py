@@ -1,0 +1,108 @@
+"""Bad search options are refused by the SavedModel itself (so TF Serving
+answers them with a 400 too), kt-serve answers them with a readable 400,
+a request that exhausts memory gets a 503 and a huge version number a 404,
+and the server stays up."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import requests
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  (the SentencePiece ops of the export)
+from support.serving_model import MAX_LENGTH, export_tiny_model, start_server, stop_server
+
+from keras_transformer.serving import model_versions
+from keras_transformer.serving.rest_api import SignatureSpec, TensorSpec
+
+NAME = "tiny"
+TEXT = tf.constant(["the dog sees a cat", "a red house"])
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    return export_tiny_model(tmp_path_factory.mktemp("limits"), name=NAME)
+
+
+@pytest.fixture(scope="module")
+def loaded(export):
+    return tf.saved_model.load(export).signatures
+
+
+@pytest.mark.parametrize("beam_size", [0, 2**30 + 1, 2**31 - 1, 4096])
+def test_the_savedmodel_refuses_beam_sizes_out_of_range(loaded, beam_size):
+    for name, extra in (("translate_with_options", {}), ("translate_nbest", {"n": 1}),
+                        ("translate_explain", {})):
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=r"beam_size must be between 1 and \d+, received"):
+            loaded[name](text=TEXT, beam_size=tf.constant(beam_size), alpha=tf.constant(0.6),
+                         extra_length=tf.constant(4), **{k: tf.constant(v)
+                                                         for k, v in extra.items()})
+
+
+@pytest.mark.parametrize("alpha", [float("nan"), float("inf"), -0.5])
+def test_the_savedmodel_refuses_alphas_that_are_not_finite_and_positive(loaded, alpha):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"alpha must be a finite number"):
+        loaded["translate_with_options"](text=TEXT, beam_size=tf.constant(2),
+                                         alpha=tf.constant(alpha), extra_length=tf.constant(4))
+
+
+def test_a_huge_extra_length_is_the_model_s_maximum_not_a_wrap(loaded):
+    def translate(extra_length):
+        out = loaded["translate_with_options"](
+            text=TEXT, beam_size=tf.constant(2), alpha=tf.constant(0.6),
+            extra_length=tf.constant(extra_length))
+        return out["translation"].numpy().tolist(), out["score"].numpy()
+
+    huge, longest = translate(2**31 - 1), translate(MAX_LENGTH)
+    assert huge[0] == longest[0]
+    np.testing.assert_array_equal(huge[1], longest[1])
+    assert all(score > -1e8 for score in huge[1])  # a real search, not an empty one
+
+
+def test_kt_serve_answers_bad_options_with_a_readable_400_and_a_huge_version_with_404(export):
+    process, url = start_server(["--model-name", NAME, "--model-base-path",
+                                 os.path.dirname(export)])
+    try:
+        body = {"signature_name": "translate_with_options",
+                "inputs": {"text": ["the dog"], "beam_size": 2**30 + 1, "alpha": 0.6,
+                           "extra_length": 4}}
+        answer = requests.post(f"{url}/v1/models/{NAME}:predict", json=body, timeout=60)
+        assert answer.status_code == 400
+        error = answer.json()["error"]
+        assert "beam_size must be between 1 and" in error
+        assert "[[" not in error and "Detected at node" not in error
+        body["inputs"].update(beam_size=2, alpha=float("nan"))
+        answer = requests.post(f"{url}/v1/models/{NAME}:predict", data=json.dumps(body),
+                               timeout=60, headers={"Content-Type": "application/json"})
+        assert answer.status_code == 400, answer.text
+        answer = requests.post(f"{url}/v1/models/{NAME}/versions/{'9' * 5000}:predict",
+                               json={"inputs": {"text": ["a"]}}, timeout=60)
+        assert answer.status_code == 404 and "Malformed request" in answer.json()["error"]
+        alive = requests.post(f"{url}/v1/models/{NAME}:predict",
+                              json={"inputs": {"text": ["the dog"]}}, timeout=60)
+        assert alive.status_code == 200
+    finally:
+        stop_server(process)
+
+
+def test_resource_exhausted_is_a_503_error_not_a_crash():
+    servable = model_versions.Servable.__new__(model_versions.Servable)
+
+    def exhausted(**inputs):
+        raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+
+    spec = SignatureSpec({"text": TensorSpec("string", (None,))}, {})
+    servable._tf = tf
+    servable._signatures = {"serving_default": exhausted}
+    servable.specs = {"serving_default": spec}
+    with pytest.raises(model_versions.ModelOverloaded, match="more memory than the server has"):
+        servable.predict("serving_default", {"text": np.array([b"a"], object)})
+
+
+def test_client_messages_drop_tensorflow_s_node_lines():
+    message = ("assertion failed: [beam_size must be between 1 and 200, received] [5000]\n"
+               "\t [[{{node Assert/AssertGuard/Assert}}]]\n\nDetected at node Assert/Foo")
+    assert model_versions._client_message(message) == (
+        "assertion failed: [beam_size must be between 1 and 200, received] [5000]")
