@@ -12,15 +12,13 @@ import ast
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
-import time
 
 import pytest
 
-from support.processes import write_corpus
+from support.processes import kill_after_checkpoint, write_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = ["Ein Mann fährt mit dem Fahrrad.", "", "the dog sees a cat"]
@@ -156,22 +154,7 @@ def test_examples_run_with_the_installed_package(venv, tmp_path):
                                      stderr=subprocess.STDOUT, text=True)
     first = subprocess.Popen(script, cwd=killed, env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
-    checkpoints = killed / "runs" / "fit" / "checkpoints"
-    try:
-        deadline = time.time() + 300
-        while time.time() < deadline and first.poll() is None:
-            steps = [int(m.group(1)) for name in (os.listdir(checkpoints)
-                                                  if checkpoints.is_dir() else [])
-                     if (m := re.fullmatch(r"ckpt-(\d+)\.index", name))]
-            if steps and max(steps) >= 2:
-                break
-            time.sleep(0.05)
-        assert first.poll() is None, "the script ended before it could be killed"
-        first.send_signal(signal.SIGKILL)
-        first.wait(timeout=30)
-    finally:
-        if first.poll() is None:
-            first.kill()
+    kill_after_checkpoint(first, str(killed / "runs" / "fit" / "checkpoints"), 2, timeout=300)
     resumed = run(script, cwd=killed, env=env)
     start = re.search(r"Starting at step (\d+) \((\S+)\)", resumed.stdout)
     assert start and 2 <= int(start.group(1)) < 8, resumed.stdout[-3000:]

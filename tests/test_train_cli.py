@@ -3,16 +3,14 @@ training/train.py) end to end: kill -9 after a checkpoint, rerun, resume."""
 
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import tensorflow as tf
 
 import keras_transformer as kt
-from support.processes import ENV, ROOT, write_corpus
+from support.processes import ENV, ROOT, kill_after_checkpoint, write_corpus
 
 
 def test_help_is_usable():
@@ -39,20 +37,7 @@ def test_resumes_after_sigkill_at_the_step_reached(tmp_path):
                "--verbose", "2"]
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, env=ENV, cwd=ROOT)
-    deadline = time.time() + 240
-    try:
-        while time.time() < deadline and first.poll() is None:
-            latest = tf.train.latest_checkpoint(str(run / "checkpoints"))
-            if latest and int(latest.rsplit("-", 1)[1]) >= 6:
-                break
-            time.sleep(0.05)
-        assert first.poll() is None, "the run ended before it could be killed"
-        first.send_signal(signal.SIGKILL)
-        first.wait(timeout=30)
-    finally:
-        if first.poll() is None:
-            first.kill()
-    assert first.returncode == -signal.SIGKILL
+    kill_after_checkpoint(first, str(run / "checkpoints"), 6)
     latest = tf.train.latest_checkpoint(str(run / "checkpoints"))
     reached = int(latest.rsplit("-", 1)[1])
     assert 6 <= reached < 60
