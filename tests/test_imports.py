@@ -18,7 +18,7 @@ PACKAGE = "keras_transformer"
 # and its loss and schedule, then what uses the model. The facade ("") imports
 # the TensorFlow-only names above it on first use (`importlib`, by name).
 RANKS = [
-    {"config", "tokenizer", "distribute", "startup", "malloc"},
+    {"config", "tokenizer", "distribute", "startup", "malloc", "files"},
     {"ops"},
     {"kernels"},
     {"dispatch"},

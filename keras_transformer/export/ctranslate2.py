@@ -57,6 +57,7 @@ from keras_transformer.decoding.transformer_search import (
     DEFAULT_EXTRA_LENGTH,
 )
 from keras_transformer.export.engine import TranslationEngine
+from keras_transformer.files import honour_umask
 from keras_transformer.tokenizer import ADDED_PAD_PIECE, sentencepiece_ids
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32")
@@ -273,6 +274,7 @@ def export_ctranslate2(model, source_tokenizer, target_tokenizer, output_dir,
                 f.write(vocabulary.model_proto)
         with open(os.path.join(tmp, METADATA_FILE), "w", encoding="utf-8") as f:
             json.dump(metadata, f, indent=2, sort_keys=True)
+        honour_umask(tmp)  # mkdtemp's 0700 would keep other users out
         _replace_directory(tmp, output_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -15,7 +15,9 @@ Layout::
 
 The version directory is written under a temporary name in `<output_dir>`
 (outside the `<name>/` directory a server watches) and renamed into place,
-so a server never sees half a model.
+so a server never sees half a model. The version directory gets the mode the
+umask gives a new directory (0755 under umask 022), so TF Serving running
+under another uid can read it.
 """
 
 import json
@@ -43,6 +45,7 @@ from keras_transformer.export.translator import (
     sampling_options,
     translate_in_batches,
 )
+from keras_transformer.files import honour_umask
 
 METADATA_FILE = os.path.join("assets.extra", "translator.json")
 EXAMPLES_FILE = os.path.join("assets.extra", "examples.json")
@@ -98,6 +101,7 @@ def export_translator(translator, output_dir="saved_models", name="transformer",
         if examples is not None:
             with open(os.path.join(tmp, EXAMPLES_FILE), "w", encoding="utf-8") as f:
                 json.dump([str(e) for e in examples], f, ensure_ascii=False, indent=0)
+        honour_umask(tmp)  # mkdtemp's 0700 would keep TF Serving under another uid out
         os.rename(tmp, final)  # fails if another export took this version
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
