@@ -62,8 +62,9 @@ def test_a_huge_extra_length_is_the_model_s_maximum_not_a_wrap(loaded):
 
 
 def test_kt_serve_answers_bad_options_with_a_readable_400_and_a_huge_version_with_404(export):
+    # kt-serve's own beam limit lifted: the model's check answers.
     process, url = start_server(["--model-name", NAME, "--model-base-path",
-                                 os.path.dirname(export)])
+                                 os.path.dirname(export), "--max-beam-size", str(2**31 - 1)])
     try:
         body = {"signature_name": "translate_with_options",
                 "inputs": {"text": ["the dog"], "beam_size": 2**30 + 1, "alpha": 0.6,
@@ -83,6 +84,32 @@ def test_kt_serve_answers_bad_options_with_a_readable_400_and_a_huge_version_wit
         alive = requests.post(f"{url}/v1/models/{NAME}:predict",
                               json={"inputs": {"text": ["the dog"]}}, timeout=60)
         assert alive.status_code == 200
+    finally:
+        stop_server(process)
+
+
+def test_kt_serve_limits_the_work_of_one_request(export):
+    process, url = start_server(["--model-name", NAME, "--model-base-path",
+                                 os.path.dirname(export), "--max-request-sentences", "6",
+                                 "--max-beam-size", "3", "--enable-batching",
+                                 "--max-batch-size", "4"])
+    try:
+        def post(body):
+            return requests.post(f"{url}/v1/models/{NAME}:predict", json=body, timeout=60)
+
+        answer = post({"inputs": {"text": ["a dog"] * 7}})
+        assert answer.status_code == 400
+        assert "holds 7 sentences, more than --max-request-sentences (6)" in answer.json()["error"]
+        answer = post({"inputs": {"text": ["a dog"] * 5}})  # batched: TF Serving's refusal
+        assert answer.status_code == 400
+        assert answer.json()["error"] == ("Task size 5 is larger than maximum input batch "
+                                          "size 4")
+        answer = post({"signature_name": "translate_with_options",
+                       "inputs": {"text": ["a dog"], "beam_size": 4, "alpha": 0.6,
+                                  "extra_length": 4}})
+        assert answer.status_code == 400
+        assert answer.json()["error"] == "beam_size 4 is larger than --max-beam-size (3)."
+        assert post({"inputs": {"text": ["a dog"] * 4}}).status_code == 200
     finally:
         stop_server(process)
 

@@ -24,6 +24,7 @@ import sys
 
 from keras_transformer import startup
 from keras_transformer.cli.common import run_command
+from keras_transformer.serving.limits import DEFAULT_MAX_BEAM_SIZE, DEFAULT_MAX_REQUEST_SENTENCES
 
 
 def _at_least(low, kind=int):
@@ -70,6 +71,12 @@ def build_parser():
     parser.add_argument("--file-system-poll-wait-seconds", type=_at_least(0, float), default=1.0,
                         help="seconds between looks for a new version; 0: look only at "
                         "start (default: %(default)s)")
+    parser.add_argument("--max-request-sentences", type=_at_least(1),
+                        default=DEFAULT_MAX_REQUEST_SENTENCES,
+                        help="most sentences in one request; more get 400 (with batching, "
+                             "also at most --max-batch-size, as TF Serving refuses)")
+    parser.add_argument("--max-beam-size", type=_at_least(1), default=DEFAULT_MAX_BEAM_SIZE,
+                        help="largest beam_size a request may ask for; larger get 400")
     parser.add_argument("--max-request-bytes", type=_at_least(1), default=1 << 20,
                         help="largest request body; larger ones get 413 (default: %(default)s)")
     startup.add_arguments(parser)
@@ -104,7 +111,9 @@ def serve(argv=None):
         if args.enable_batching:
             batcher = BatchScheduler(args.max_batch_size, args.batch_timeout_micros,
                                      args.max_enqueued_batches, args.num_batch_threads)
-        app = ServingApp(args.model_name, versions, batcher, args.max_request_bytes)
+        app = ServingApp(args.model_name, versions, batcher, args.max_request_bytes,
+                         max_request_sentences=args.max_request_sentences,
+                         max_beam_size=args.max_beam_size)
 
         def ready():
             served = versions.get()

@@ -29,13 +29,15 @@ import re
 import socket
 import sys
 
+import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
 from keras_transformer.serving import rest_api
-from keras_transformer.serving.batching import QueueFull, batch_key, batchable
+from keras_transformer.serving.batching import QueueFull, TaskTooLarge, batch_key, batchable
+from keras_transformer.serving.limits import DEFAULT_MAX_BEAM_SIZE, DEFAULT_MAX_REQUEST_SENTENCES
 from keras_transformer.serving.model_versions import ModelError, ModelOverloaded
 from keras_transformer.serving.rest_api import RestError
 
@@ -67,17 +69,25 @@ class ServingApp:
         versions: a `model_versions.VersionManager` (started).
         batcher: a `batching.BatchScheduler`, or None (no batching).
         max_request_bytes: the largest request body accepted (413 beyond).
+        max_request_sentences: the most sentences (rows) one request may
+            hold (400 beyond), batching or not.
+        max_beam_size: the largest `beam_size` a request may ask for (400
+            beyond); the model's own limit, half its vocabulary, still holds.
         playground_dir: where `/` and `/playground/<file>` read from.
         executor: runs model calls and JSON conversion (default: a thread
             pool of its own).
     """
 
     def __init__(self, model_name, versions, batcher=None, max_request_bytes=1 << 20,
-                 playground_dir=PLAYGROUND_DIR, executor=None):
+                 playground_dir=PLAYGROUND_DIR, executor=None,
+                 max_request_sentences=DEFAULT_MAX_REQUEST_SENTENCES,
+                 max_beam_size=DEFAULT_MAX_BEAM_SIZE):
         self.model_name = model_name
         self.versions = versions
         self.batcher = batcher
         self.max_request_bytes = max_request_bytes
+        self.max_request_sentences = max_request_sentences
+        self.max_beam_size = max_beam_size
         self.playground_dir = playground_dir
         self.executor = executor or concurrent.futures.ThreadPoolExecutor(
             thread_name_prefix="kt-serve-predict")
@@ -214,6 +224,7 @@ class ServingApp:
             body = await self._read_body(request)
             loop = asyncio.get_running_loop()
             parsed = await loop.run_in_executor(self.executor, _parse, body, servable.specs)
+            self._check_work(parsed.inputs)
             spec = servable.specs[parsed.signature_name]
 
             def run(inputs):
@@ -235,7 +246,24 @@ class ServingApp:
             return error_response(e.args[0], 503)
         except QueueFull as e:
             return error_response(str(e), 503)
+        except TaskTooLarge as e:
+            return error_response(str(e), 400)
         return Response(answer, 200, media_type="application/json")
+
+    def _check_work(self, inputs):
+        """Refuses (400) a request over `max_request_sentences` rows or
+        `max_beam_size`."""
+        rows = max((len(value) for value in inputs.values() if np.ndim(value) >= 1),
+                   default=0)
+        if rows > self.max_request_sentences:
+            raise RestError(f"The request holds {rows} sentences, more than "
+                            f"--max-request-sentences ({self.max_request_sentences}); send "
+                            "them in several requests.")
+        beam_size = inputs.get("beam_size")
+        if beam_size is not None and np.ndim(beam_size) == 0 \
+                and int(beam_size) > self.max_beam_size:
+            raise RestError(f"beam_size {int(beam_size)} is larger than --max-beam-size "
+                            f"({self.max_beam_size}).")
 
     async def _read_body(self, request):
         """The body, refusing (413) one over `max_request_bytes` before

@@ -14,7 +14,8 @@ on one of `num_batch_threads` worker threads when it is closed or
 `batch_timeout_micros` have passed since its first request, whichever comes
 first, as soon as a thread is free; until it starts, a batch past its
 timeout still takes requests up to `max_batch_size`. A request with more
-sentences than `max_batch_size` runs alone as a batch of its own. At most
+sentences than `max_batch_size` is refused (`TaskTooLarge`, HTTP 400, TF
+Serving's answer and message), so no request makes a larger batch. At most
 `max_enqueued_batches` batches wait (open or closed, not started); a request
 that needs one more gets `QueueFull` (HTTP 503, as TF Serving answers).
 
@@ -36,6 +37,11 @@ QUEUE_FULL_MESSAGE = "The batch scheduling queue to which this task was submitte
 
 class QueueFull(Exception):
     """`max_enqueued_batches` batches wait already (HTTP 503 UNAVAILABLE)."""
+
+
+class TaskTooLarge(ValueError):
+    """A request with more sentences than `max_batch_size` (HTTP 400, as TF
+    Serving answers it)."""
 
 
 def batchable(spec):
@@ -120,20 +126,21 @@ class BatchScheduler:
                 of a key).
 
         Returns: `{name: np.ndarray}`, this request's rows of each output.
-        Raises: `QueueFull`; whatever `run` raised for the batch.
+        Raises: `TaskTooLarge` (more rows than `max_batch_size`),
+        `QueueFull`; whatever `run` raised for the batch.
         """
         loop = asyncio.get_running_loop()
         rows = len(inputs[BATCHED_INPUT])
         future = loop.create_future()
         if rows > self.max_batch_size:
-            batch = self._new_batch(key, run, loop, opened=False)
-        else:
-            batch = self._open.get(key)
-            if batch is not None and batch.rows + rows > self.max_batch_size:
-                self._close(batch)
-                batch = None
-            if batch is None:
-                batch = self._new_batch(key, run, loop, opened=True)
+            raise TaskTooLarge(f"Task size {rows} is larger than maximum input batch size "
+                               f"{self.max_batch_size}")
+        batch = self._open.get(key)
+        if batch is not None and batch.rows + rows > self.max_batch_size:
+            self._close(batch)
+            batch = None
+        if batch is None:
+            batch = self._new_batch(key, run, loop, opened=True)
         batch.items.append((inputs, rows, future))
         batch.rows += rows
         if batch.rows >= self.max_batch_size:
