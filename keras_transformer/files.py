@@ -1,11 +1,13 @@
-"""File modes that honour the process's umask for what the package writes
-through temporary names (`tempfile.mkstemp` makes files 0600 and
-`tempfile.mkdtemp` directories 0700, whatever the umask), so that a
-SavedModel or a run directory is readable by whom the umask allows: TF
-Serving under another uid, a teammate."""
+"""Writing files so that nothing is lost or hidden: `write_atomically`
+(a temporary name, fsync, a rename), and modes that honour the process's
+umask for what is written through temporary names (`tempfile.mkstemp`
+makes files 0600 and `tempfile.mkdtemp` directories 0700, whatever the
+umask), so that a SavedModel or a run directory is readable by whom the
+umask allows: TF Serving under another uid, a teammate."""
 
 import os
 import re
+import tempfile
 
 
 def current_umask():
@@ -28,3 +30,40 @@ def honour_umask(path):
     it: 0666 (files) or 0777 (directories) less the umask."""
     full = 0o777 if os.path.isdir(path) else 0o666
     os.chmod(path, full & ~current_umask())
+
+
+def write_atomically(path, data):
+    """Writes `data` (bytes) to `path` via a temporary file and a rename, so a
+    reader never sees a partial file, even after `kill -9`. The file gets
+    the mode the umask gives a new file (0644 under umask 022)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-" + os.path.basename(path))
+    try:
+        honour_umask(tmp)  # mkstemp's 0600 would hide it from other users
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_directory(directory)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def fsync_directory(path):
+    """Flushes a directory's entries (a rename into it) to disk, so a crash
+    after the rename cannot lose it; a no-op where directories cannot be
+    opened (not POSIX)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems refuse fsync on a directory
+    finally:
+        os.close(fd)

@@ -30,6 +30,7 @@ and `last:K` do is `training.checkpoints.average_checkpoints`; this module
 only says where checkpoints are and what they are.
 """
 
+import fcntl
 import json
 import os
 import re
@@ -38,7 +39,8 @@ import sys
 import tensorflow as tf
 
 from keras_transformer.config import TransformerConfig
-from keras_transformer.tokenizer import SubwordTokenizer, write_atomically
+from keras_transformer.files import write_atomically
+from keras_transformer.tokenizer import SubwordTokenizer
 from keras_transformer.training.checkpoints import average_checkpoints, checkpoint_step
 from keras_transformer.transformer import Transformer
 
@@ -53,6 +55,11 @@ SOURCES_FILE = "sources.json"
 BEST = "best"
 BEST_INDEX_FILE = "index.json"
 LOGS = "logs"
+LOCK_FILE = ".lock"
+# The run directories this process holds locked: a POSIX lock is the
+# process's, and closing any descriptor of the file would release it, so
+# each lock file stays open until the process ends.
+_LOCKED = {}
 
 
 class RunDirectory:
@@ -87,6 +94,34 @@ class RunDirectory:
     @property
     def log_dir(self):
         return self.file(LOGS)
+
+    def lock(self):
+        """Locks the run directory for this process (a POSIX lock on
+        `RUN_DIR/.lock`, which holds the pid), so that a second training
+        process on it stops at once instead of interleaving checkpoints.
+        Held until the process ends; asking again in the same process is a
+        no-op. Raises `ValueError` naming the directory and the holder's pid
+        when another process holds it."""
+        path = os.path.realpath(self.path)
+        if path in _LOCKED:
+            return
+        os.makedirs(path, exist_ok=True)
+        f = open(os.path.join(path, LOCK_FILE), "a+")
+        try:
+            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip()
+            f.close()
+            raise ValueError(
+                f"{self.path} is in use by another training process"
+                f"{f' (pid {holder})' if holder else ''}: wait for it to end, or use another "
+                "run directory.") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        _LOCKED[path] = f
 
     def exists(self):
         """True when the run directory is complete: `config.json` (written

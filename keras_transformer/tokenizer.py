@@ -16,13 +16,12 @@ import hashlib
 import io
 import numbers
 import os
-import tempfile
 
 import sentencepiece
 import tensorflow as tf
 import tensorflow_text
 
-from keras_transformer.files import honour_umask
+from keras_transformer.files import write_atomically
 
 SPECIAL_IDS = dict(pad_id=0, unk_id=1, bos_id=2, eos_id=3)
 MIN_VOCAB_SIZE = 384
@@ -86,26 +85,6 @@ def train_sentencepiece(
         **SPECIAL_IDS,
     )
     return buffer.getvalue()
-
-
-def write_atomically(path, data):
-    """Writes `data` (bytes) to `path` via a temporary file and a rename, so a
-    reader never sees a partial file, even after `kill -9`. The file gets
-    the mode the umask gives a new file (0644 under umask 022)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-" + os.path.basename(path))
-    try:
-        honour_umask(tmp)  # mkstemp's 0600 would hide it from other users
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 class TokenizerModelError(ValueError):

@@ -9,9 +9,8 @@ import stat
 import pytest
 
 import keras_transformer as kt
-from keras_transformer.files import current_umask
+from keras_transformer.files import current_umask, write_atomically
 from keras_transformer.run_directory import RunDirectory
-from keras_transformer.tokenizer import write_atomically
 
 
 @pytest.fixture

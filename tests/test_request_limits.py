@@ -11,10 +11,10 @@ import pytest
 import requests
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (the SentencePiece ops of the export)
-from support.serving_model import MAX_LENGTH, export_tiny_model, start_server, stop_server
 
 from keras_transformer.serving import model_versions
 from keras_transformer.serving.rest_api import SignatureSpec, TensorSpec
+from support.serving_model import MAX_LENGTH, export_tiny_model, start_server, stop_server
 
 NAME = "tiny"
 TEXT = tf.constant(["the dog sees a cat", "a red house"])

@@ -189,8 +189,9 @@ def decoding_options(args, translator):
 
 def read_lines(path):
     """Lines of `path` (`-`: stdin; `.gz`: gunzipped) as bytes, without
-    their line ending. Bytes, so undecodable input reaches the translator's
-    U+FFFD rule instead of failing here."""
+    their line ending or a UTF-8 byte-order mark at the start. Bytes, so
+    undecodable input reaches the translator's U+FFFD rule instead of
+    failing here."""
     if path in (None, "-"):
         data = sys.stdin.buffer.read()
     elif path.endswith(".gz"):
@@ -199,6 +200,7 @@ def read_lines(path):
     else:
         with open(path, "rb") as f:
             data = f.read()
+    data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark is not text
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()

@@ -68,8 +68,9 @@ def evaluate(argv=None, stdout=None):
                                            **decoding_options(args, translator))
     translations = [one_line(t) for t in translations]
     if args.hypotheses:
-        with open(args.hypotheses, "w", encoding="utf-8") as f:
-            f.writelines(t + "\n" for t in translations)
+        from keras_transformer.files import write_atomically
+
+        write_atomically(args.hypotheses, "".join(t + "\n" for t in translations).encode())
     scores = score_translations(translations, references, tokenize=args.tokenize)
     if args.json:
         out.write(json.dumps(scores, indent=2) + "\n")

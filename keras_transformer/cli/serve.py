@@ -24,7 +24,6 @@ import sys
 
 from keras_transformer import startup
 from keras_transformer.cli.common import run_command
-from keras_transformer.serving.limits import DEFAULT_MAX_BEAM_SIZE, DEFAULT_MAX_REQUEST_SENTENCES
 
 
 def _at_least(low, kind=int):
@@ -40,6 +39,12 @@ def _at_least(low, kind=int):
 
 
 def build_parser():
+    # Plain constants: reading them loads no TensorFlow.
+    from keras_transformer.serving.limits import (
+        DEFAULT_MAX_BEAM_SIZE,
+        DEFAULT_MAX_REQUEST_SENTENCES,
+    )
+
     parser = argparse.ArgumentParser(
         prog="kt-serve", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

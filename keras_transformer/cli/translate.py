@@ -164,8 +164,9 @@ def translate(argv=None, stdout=None):
     if args.output == "-":
         (stdout or sys.stdout).write(text)
     else:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
+        from keras_transformer.files import write_atomically
+
+        write_atomically(args.output, text.encode("utf-8"))  # never half a file
     return result
 
 

@@ -45,7 +45,7 @@ from keras_transformer.export.translator import (
     sampling_options,
     translate_in_batches,
 )
-from keras_transformer.files import honour_umask
+from keras_transformer.files import fsync_directory, honour_umask
 
 METADATA_FILE = os.path.join("assets.extra", "translator.json")
 EXAMPLES_FILE = os.path.join("assets.extra", "examples.json")
@@ -103,6 +103,7 @@ def export_translator(translator, output_dir="saved_models", name="transformer",
                 json.dump([str(e) for e in examples], f, ensure_ascii=False, indent=0)
         honour_umask(tmp)  # mkdtemp's 0700 would keep TF Serving under another uid out
         os.rename(tmp, final)  # fails if another export took this version
+        fsync_directory(model_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

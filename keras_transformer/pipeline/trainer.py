@@ -106,6 +106,8 @@ def train(config, callbacks=()):
     set_precision(config.precision)
     chief = is_chief(strategy)
     run = RunDirectory(config.run_dir)
+    if chief:
+        run.lock()  # before anything is written: a second kt-train stops here
     model_cfg, source_tokenizer, target_tokenizer, init = prepare_run_directory(
         config, run, strategy, corpus)
     replicas = strategy.num_replicas_in_sync

@@ -22,7 +22,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_transformer.tokenizer import write_atomically
+from keras_transformer.files import write_atomically
 from keras_transformer.training.strategy import is_chief, worker_id
 from keras_transformer.transformer import Transformer
 

@@ -90,6 +90,9 @@ class TrainingRun:
     `callbacks=run.callbacks(...)`: a killed script rerun the same way ends
     with the weights of an uninterrupted run.
 
+    One process at a time trains in a run directory: another one gets a
+    `ValueError` naming it (`RunDirectory.lock`).
+
     With `tokenizer`, a new run directory also gets the model's config and
     the vocabulary, so the kt-* commands (kt-translate, kt-export,
     kt-average, kt-evaluate) take it as they take a kt-train run; an existing
@@ -144,6 +147,8 @@ class TrainingRun:
         self._replicas_per_worker = (len(self.strategy.extended.worker_devices)
                                      if tf.distribute.has_strategy() or strategy else 1)
         self.run = run_dir if isinstance(run_dir, RunDirectory) else RunDirectory(run_dir)
+        if self.chief:
+            self.run.lock()  # a second process on the directory stops here
         self.model = model
         if tokenizer is not None:
             self._write_run_files(tokenizer, target_tokenizer)

@@ -33,13 +33,13 @@ import shutil
 import keras
 import tensorflow as tf
 
+from keras_transformer.files import write_atomically
 from keras_transformer.run_directory import (
     BEST_INDEX_FILE,
     RunDirectory,
     format_metric,
     metric_label,
 )
-from keras_transformer.tokenizer import write_atomically
 from keras_transformer.training.checkpoints import optimizer_step
 from keras_transformer.training.strategy import is_chief, worker_id
 
@@ -197,6 +197,14 @@ class BestCheckpoints(keras.callbacks.Callback):
     def _load(self):
         index = self.run.best_index()
         if index is None:
+            kept = glob.glob(os.path.join(self.run.best_dir, "ckpt-*.index"))
+            if kept:
+                # Without the index nothing says which of them are the best:
+                # refuse rather than delete them as leftovers.
+                raise ValueError(
+                    f"{self.run.best_dir} holds {len(kept)} checkpoint(s) but no "
+                    f"{BEST_INDEX_FILE}: restore the index, or move the directory away to "
+                    "start a new selection; nothing was deleted.")
             history, best = [], []
         else:
             if index.get("metric") != self.metric:
