@@ -23,20 +23,21 @@ def write_corpus(directory, n=120):
 
 def kill_after_checkpoint(process, checkpoint_dir, min_step, timeout=240):
     """Sends SIGKILL to `process` (a `Popen` training into `checkpoint_dir`)
-    as soon as the directory holds a checkpoint of step `min_step` or
+    as soon as the directory's latest complete checkpoint (the one its
+    `checkpoint` state file names, written last) is of step `min_step` or
     later, and waits for it to die. Fails the test if the process ended by
     itself first (nothing was interrupted)."""
-    import re
     import signal
     import time
+
+    import tensorflow as tf
 
     deadline = time.time() + timeout
     try:
         while time.time() < deadline and process.poll() is None:
-            names = os.listdir(checkpoint_dir) if os.path.isdir(checkpoint_dir) else []
-            steps = [int(m.group(1)) for m in map(re.compile(r"ckpt-(\d+)\.index").fullmatch,
-                                                  names) if m]
-            if steps and max(steps) >= min_step:
+            latest = (tf.train.latest_checkpoint(checkpoint_dir)
+                      if os.path.isdir(checkpoint_dir) else None)
+            if latest and int(latest.rsplit("-", 1)[1]) >= min_step:
                 break
             time.sleep(0.05)
         assert process.poll() is None, "the run ended before it could be killed"
