@@ -9,10 +9,11 @@
 # built once; files go to workers in collection order
 # (`--no-loadscope-reorder`): xdist's default, most tests first, hands the
 # long one-test files (the demo, the recipe) out last, while the other
-# worker idles.
+# worker idles. `-rs` lists every skipped test with its reason (the optional
+# tool it needs, e.g. Chromium for the playground test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
 source scripts/venv_jax.sh
-python -m pytest -q -n "${KT_TEST_WORKERS:-auto}" --maxprocesses 4 --dist loadfile \
+python -m pytest -q -rs -n "${KT_TEST_WORKERS:-auto}" --maxprocesses 4 --dist loadfile \
   --no-loadscope-reorder --durations 10 "$@"
