@@ -40,8 +40,11 @@ def is_gzipped(path):
         return f.read(2) == GZIP_MAGIC
 
 
-def _open_binary(path):
-    return gzip.open(path, "rb") if is_gzipped(path) else open(path, "rb")
+def _open_binary(path, gzipped=None):
+    """`path` opened for reading bytes, gunzipped when it is gzip
+    (`gzipped`: already known, else read from the content)."""
+    gzipped = is_gzipped(path) if gzipped is None else gzipped
+    return gzip.open(path, "rb") if gzipped else open(path, "rb")
 
 
 def checked_lines(path, expected="UTF-8 text, one sentence per line"):
@@ -101,18 +104,18 @@ def validate_parallel_files(source_path, target_path):
 UTF8_BOM = b"\xef\xbb\xbf"
 
 
-def starts_with_bom(path):
+def starts_with_bom(path, gzipped=None):
     """True when the (gunzipped) content of `path` starts with `UTF8_BOM`."""
-    with _open_binary(path) as f:
+    with _open_binary(path, gzipped) as f:
         return f.read(len(UTF8_BOM)) == UTF8_BOM
 
 
 def line_dataset(path):
     """`tf.data.TextLineDataset` of `path`, gunzipped when its content is
     gzip, without a UTF-8 byte-order mark at the start of the file."""
-    compression = "GZIP" if is_gzipped(path) else ""
-    lines = tf.data.TextLineDataset(path, compression_type=compression)
-    if not starts_with_bom(path):
+    gzipped = is_gzipped(path)
+    lines = tf.data.TextLineDataset(path, compression_type="GZIP" if gzipped else "")
+    if not starts_with_bom(path, gzipped):
         return lines  # no map over every line (docs/performance.md)
     first = lines.take(1).map(lambda line: tf.strings.substr(line, len(UTF8_BOM), -1))
     return first.concatenate(lines.skip(1))

@@ -250,16 +250,16 @@ def train(config, callbacks=()):
 
 
 def translation_fn(model, source_tokenizer, target_tokenizer, search):
-    """`translate_fn(list of str) -> list of str` over the model being
-    trained, for validation BLEU: beam search with the paper's settings, or
-    greedy."""
+    """What validation BLEU translates with, over the model being trained:
+    its `Translator` (beam search with the paper's settings), or a greedy
+    `list of str -> list of str`."""
     from keras_transformer.export.translator import Translator
 
     translator = Translator(model, source_tokenizer, target_tokenizer=(
         None if target_tokenizer is source_tokenizer else target_tokenizer))
     if search == "greedy":
         return lambda sentences: translator.sample(sentences, temperature=0.0)[0]
-    return lambda sentences: translator.translate(sentences)[0]
+    return translator
 
 
 def score_test_set(run, corpus, selector):
@@ -342,11 +342,6 @@ def _same_architecture(source, config, where):
             f"(only {', '.join(FINE_TUNABLE)} may change).")
 
 
-def _saved_settings(config):
-    """What `train_args.json` records: every setting."""
-    return config.to_dict()
-
-
 def prepare_run_directory(config, run, strategy, corpus):
     """Returns `(model_config, source_tokenizer, target_tokenizer, init)`,
     `init` the `(prefix, reason)` to start from (None when resuming or
@@ -355,7 +350,7 @@ def prepare_run_directory(config, run, strategy, corpus):
     other workers wait for them."""
     from keras_transformer.training.strategy import is_chief
 
-    now = _saved_settings(config)
+    now = config.to_dict()  # what train_args.json records: every setting
     if run.exists():
         previous = run.load_args()
         changed = _differences(previous, now, FIXED_ON_RESUME)

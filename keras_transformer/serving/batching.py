@@ -140,7 +140,7 @@ class BatchScheduler:
             self._close(batch)
             batch = None
         if batch is None:
-            batch = self._new_batch(key, run, loop, opened=True)
+            batch = self._new_batch(key, run, loop)
         batch.items.append((inputs, rows, future))
         batch.rows += rows
         if batch.rows >= self.max_batch_size:
@@ -167,17 +167,14 @@ class BatchScheduler:
     def shutdown(self):
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def _new_batch(self, key, run, loop, opened):
+    def _new_batch(self, key, run, loop):
         if len(self._waiting) >= self.max_enqueued_batches:
             with self._lock:
                 self._stats["queue_full"] += 1
             raise QueueFull(QUEUE_FULL_MESSAGE)
         batch = _Batch(key, run, loop.time() + self.batch_timeout)
         self._waiting.append(batch)
-        if opened:
-            self._open[key] = batch
-        else:
-            batch.closed = True
+        self._open[key] = batch
         return batch
 
     def _close(self, batch):

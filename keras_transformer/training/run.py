@@ -169,10 +169,9 @@ class TrainingRun:
     def _write_run_files(self, tokenizer, target_tokenizer):
         config = self.model.config
         if self.run.exists():
-            was = self.run.load_config()
-            if was.to_dict() != config.to_dict():
-                differ = {k: (v, config.to_dict()[k]) for k, v in was.to_dict().items()
-                          if config.to_dict().get(k) != v}
+            was, now = self.run.load_config().to_dict(), config.to_dict()
+            if was != now:
+                differ = {k: (v, now.get(k)) for k, v in was.items() if now.get(k) != v}
                 raise ValueError(f"{self.run.path} holds a model with other settings: "
                                  f"{differ} (was, now); use a new run directory.")
             return
