@@ -1,6 +1,7 @@
 """Translating and exporting: the `Translator` module, SavedModel export in
-TF Serving's layout, and a REST client, engines of one contract
-(`engine.TranslationEngine`). TensorFlow-only package."""
+TF Serving's layout with its warm-up file (`warmup`), and a REST client,
+engines of one contract (`engine.TranslationEngine`). TensorFlow-only
+package."""
 
 from keras_transformer.export.engine import SIGNATURES, ExplainingEngine, TranslationEngine
 from keras_transformer.export.saved_model import (

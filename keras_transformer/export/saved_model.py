@@ -12,6 +12,9 @@ Layout::
         assets.extra/translator.json    config, decoding defaults, input rules
         assets.extra/examples.json      example source sentences (optional; the
                                           playground of kt-serve offers them)
+        assets.extra/tf_serving_warmup_requests
+                                        warm-up requests TF Serving and kt-serve
+                                          replay on load (`export/warmup.py`)
 
 The version directory is written under a temporary name in `<output_dir>`
 (outside the `<name>/` directory a server watches) and renamed into place,
@@ -45,7 +48,9 @@ from keras_transformer.export.translator import (
     sampling_options,
     translate_in_batches,
 )
+from keras_transformer.export.warmup import WARMUP_PATH, warmup_requests, write_warmup_file
 from keras_transformer.files import fsync_directory, honour_umask
+from keras_transformer.tokenizer import sentencepiece_ids
 
 METADATA_FILE = os.path.join("assets.extra", "translator.json")
 EXAMPLES_FILE = os.path.join("assets.extra", "examples.json")
@@ -72,7 +77,13 @@ def export_translator(translator, output_dir="saved_models", name="transformer",
         version: an int; default one more than the largest existing.
         examples: optional list of source sentences (str), e.g. held-out
             ones, written to `assets.extra/examples.json` for a server's
-            playground to offer.
+            playground to offer; the shortest is the warm-up sentence.
+
+    The version directory also gets TF Serving's warm-up file,
+    `assets.extra/tf_serving_warmup_requests` (`export/warmup.py`): one
+    request per signature of `warmup.WARMUP_SIGNATURES`, on the shortest
+    example sentence (or `warmup.WARMUP_SENTENCE`), with the export's
+    defaults.
 
     Returns: the path of the new version directory.
     """
@@ -101,6 +112,8 @@ def export_translator(translator, output_dir="saved_models", name="transformer",
         if examples is not None:
             with open(os.path.join(tmp, EXAMPLES_FILE), "w", encoding="utf-8") as f:
                 json.dump([str(e) for e in examples], f, ensure_ascii=False, indent=0)
+        write_warmup_file(os.path.join(tmp, WARMUP_PATH),
+                          _warmup_requests(translator, examples), model_name=name)
         honour_umask(tmp)  # mkdtemp's 0700 would keep TF Serving under another uid out
         os.rename(tmp, final)  # fails if another export took this version
         fsync_directory(model_dir)
@@ -108,6 +121,20 @@ def export_translator(translator, output_dir="saved_models", name="transformer",
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def _warmup_requests(translator, examples):
+    """`warmup.warmup_requests` of `translator`'s signatures. The source ids
+    of `translate_ids` come from SentencePiece in Python, with the source
+    vocabulary's model proto: the tokenizer's eager TensorFlow resource may
+    be gone (seeding destroys it)."""
+    tokenizer = getattr(translator, "tokenizer", None)
+    tokenize = None
+    if tokenizer is not None:
+        processor, _ = sentencepiece_ids(tokenizer.model_proto)
+        tokenize = processor.encode
+    return warmup_requests(translator.signatures(), translator.metadata(),
+                           examples=examples, tokenize=tokenize)
 
 
 def read_metadata(path):
