@@ -956,6 +956,56 @@ def scenario(server, versions, publish, clients=16, count=300, seed=0):
                         "limit": memory_limit(rss_warm)}}
 
 
+def weights_of(version):
+    """Which export's weights `swaps_run` publishes as `version`: 2's for
+    even versions, 1's for odd ones."""
+    return 2 if version % 2 == 0 else 1
+
+
+def swaps_run(server, versions, directory, base, swaps, clients=16, count=40, seed=0,
+              wait_timeout=180):
+    """`swaps` publications in a row under load: versions 2, 3, ...,
+    `swaps + 1`, each a copy of export 1 or 2 (`weights_of`), published
+    after a quarter of at least `count` requests of the mix (pinned ones to
+    the version served before it), the run going on until `count // 3` more
+    were taken after a status answer showed the new version AVAILABLE.
+    Every answer is checked as in `publication_run`.
+
+    Returns: `(failures, rss_mib)`, `rss_mib` the server's resident memory
+    after each swap (MiB, in order).
+    """
+    failures, rss = [], []
+    for k in range(swaps):
+        new, old = k + 2, k + 1
+        publish = stage_version(versions.paths[weights_of(new)],
+                                os.path.join(str(directory), f"swap-{new}"), base, new)
+        specs = mix(versions, 20 * count, seed + k, pinned=old,
+                    max_request_bytes=server.max_request_bytes)
+        run = run_load(server, specs, clients, publish=publish, publish_at=count // 4,
+                       new_version=new, minimum=count, tail=count // 3, seconds=wait_timeout)
+        available = run.available_seen
+        if available is None:
+            try:
+                available = wait_for_version(server, new, wait_timeout)
+            except TimeoutError as error:
+                failures.append(f"swap to {new}: {error}")
+                available = float("inf")
+
+        def allowed(o, old=old, new=new, seen=available):
+            if o.spec.version is not None:
+                return {weights_of(o.spec.version)}
+            return ({weights_of(new)} if o.sent > seen
+                    else {weights_of(old), weights_of(new)})
+
+        failures += [f"swap to {new}: {f}" for f in
+                     check(run, versions, allowed,
+                           unloaded=(old, run.unavailable_polled or run.start))]
+        wait_for_version(server, new, wait_timeout)
+        time.sleep(0.2)
+        rss.append(server.rss_mib())
+    return failures, rss
+
+
 # ---------------------------------------------------------------------------
 # The benchmark
 

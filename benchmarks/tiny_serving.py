@@ -32,6 +32,8 @@ MAX_LENGTH = 20
 # The line kt-serve prints to stdout once it listens.
 READY = re.compile(r"kt-serve: serving (?P<name>\S+) version (?P<version>\d+) at "
                    r"(?P<url>http://\S+)")
+# The line before it when kt-serve serves gRPC too (--port).
+GRPC_READY = re.compile(r"kt-serve: gRPC at (?P<target>\S+)")
 
 
 def export_tiny_model(directory, name="tiny", version=None, examples=None, seed=20261126):
@@ -115,7 +117,8 @@ def start_server(argv, timeout=120):
     """Starts `kt-serve <argv> --rest-api-port 0` (CPU only, TensorFlow's
     info lines off) and waits for its ready line.
 
-    Returns: `(process, base_url)`, e.g. `(Popen, "http://127.0.0.1:40123")`.
+    Returns: `(process, base_url)`, e.g. `(Popen, "http://127.0.0.1:40123")`;
+    with `--port` in `argv`, `process.grpc_target` is the gRPC `host:port`.
     `process.stderr_path` is a file holding the server's stderr until
     `stop_server`, which removes it and keeps its text in
     `process.stderr_text`.
@@ -146,6 +149,9 @@ def start_server(argv, timeout=120):
         except queue.Empty:
             line = None
         if line is not None:
+            grpc = GRPC_READY.search(line)
+            if grpc:
+                process.grpc_target = grpc.group("target")
             match = READY.search(line)
             if match:
                 return process, match.group("url")

@@ -3,8 +3,7 @@
 export and prints what the package's own `SavedModelTranslator` gets;
 examples/tf_serving/rest_client.py translates through kt-serve (TF Serving's
 REST API); grpc_client.py builds requests of the signatures' dtypes and
-translates through a stand-in gRPC PredictionService that runs the
-SavedModel; models.config and batching_parameters.txt parse as TF Serving's
+translates through kt-serve's gRPC PredictionService (`--port`); models.config and batching_parameters.txt parse as TF Serving's
 text protobufs, and the docs give the one `docker run` line of the README."""
 
 import ast
@@ -46,7 +45,8 @@ def exported(tmp_path_factory):
     shutil.copytree(nine, newest)
     # The server starts on a thread while this process loads the model.
     starting = concurrent.futures.ThreadPoolExecutor(1).submit(
-        start_server, ["--model-name", NAME, "--model-base-path", str(base)])
+        start_server, ["--model-name", NAME, "--model-base-path", str(base)]
+        + (["--port", "0"] if importlib.util.find_spec("tensorflow_serving") else []))
     try:
         translator = SavedModelTranslator(newest)
     except BaseException:
@@ -54,7 +54,8 @@ def exported(tmp_path_factory):
         raise
     process, url = starting.result()
     try:
-        yield {"base": str(base), "newest": newest, "translator": translator, "url": url}
+        yield {"base": str(base), "newest": newest, "translator": translator, "url": url,
+               "grpc": getattr(process, "grpc_target", None)}
     finally:
         stop_server(process)
 
@@ -303,43 +304,11 @@ def test_grpc_requests_carry_the_signatures_dtypes(grpc_client, exported):
         grpc_client.build_request(NAME, ["Ein Hund."], "translate_with_options", beam=4)
 
 
-def test_grpc_client_translates_through_a_prediction_service(grpc_client, exported,
-                                                             capsys):
-    import grpc
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-
-    signatures = exported["translator"].loaded.signatures
-
-    class SavedModelService(prediction_service_pb2_grpc.PredictionServiceServicer):
-        """Runs the SavedModel's signature on the request's tensors, refusing
-        a dtype the signature does not take, as TF Serving does."""
-
-        def Predict(self, request, context):  # noqa: N802  (gRPC's method name)
-            signature = signatures[request.model_spec.signature_name]
-            specs = signature.structured_input_signature[1]
-            inputs = {}
-            for name, proto in request.inputs.items():
-                dtype = tf.dtypes.as_dtype(proto.dtype)
-                if dtype != specs[name].dtype:
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"{name}: {dtype.name}, expected {specs[name].dtype.name}")
-                inputs[name] = tf.constant(tf.make_ndarray(proto), dtype)
-            response = predict_pb2.PredictResponse()
-            for name, value in signature(**inputs).items():
-                response.outputs[name].CopyFrom(tf.make_tensor_proto(value.numpy()))
-            return response
-
-    server = grpc.server(concurrent.futures.ThreadPoolExecutor(2))
-    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-        SavedModelService(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        grpc_client.main(["--target", f"127.0.0.1:{port}", "--model", NAME,
-                          "--beam-size", "2", "--alpha", "0", "--extra-length", "3",
-                          *SENTENCES])
-    finally:
-        server.stop(None)
+def test_grpc_client_translates_through_kt_serve_s_grpc_api(grpc_client, exported, capsys):
+    pytest.importorskip("tensorflow_serving", reason=TF_SERVING_API)
+    grpc_client.main(["--target", exported["grpc"], "--model", NAME,
+                      "--beam-size", "2", "--alpha", "0", "--extra-length", "3",
+                      *SENTENCES])
     out = sections(capsys.readouterr().out)
     assert set(out) == {"serving_default", "translate_with_options"}
     translator = exported["translator"]

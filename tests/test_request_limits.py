@@ -12,6 +12,7 @@ import requests
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (the SentencePiece ops of the export)
 
+from keras_transformer.export.translator import MAX_EXTRA_LENGTH
 from keras_transformer.serving import model_versions
 from keras_transformer.serving.rest_api import SignatureSpec, TensorSpec
 from support.serving_model import MAX_LENGTH, export_tiny_model, start_server, stop_server
@@ -48,17 +49,27 @@ def test_the_savedmodel_refuses_alphas_that_are_not_finite_and_positive(loaded, 
                                          alpha=tf.constant(alpha), extra_length=tf.constant(4))
 
 
-def test_a_huge_extra_length_is_the_model_s_maximum_not_a_wrap(loaded):
+@pytest.mark.parametrize("extra_length", [-1, MAX_EXTRA_LENGTH + 1, 2**31 - 1])
+def test_the_savedmodel_refuses_extra_lengths_out_of_range(loaded, extra_length):
+    for name, extra in (("translate_with_options", {}), ("translate_nbest", {"n": 1})):
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=rf"extra_length must be between 0 and {MAX_EXTRA_LENGTH}"):
+            loaded[name](text=TEXT, beam_size=tf.constant(2), alpha=tf.constant(0.6),
+                         extra_length=tf.constant(extra_length),
+                         **{k: tf.constant(v) for k, v in extra.items()})
+
+
+def test_a_large_extra_length_is_the_model_s_maximum_not_a_wrap(loaded):
     def translate(extra_length):
         out = loaded["translate_with_options"](
             text=TEXT, beam_size=tf.constant(2), alpha=tf.constant(0.6),
             extra_length=tf.constant(extra_length))
         return out["translation"].numpy().tolist(), out["score"].numpy()
 
-    huge, longest = translate(2**31 - 1), translate(MAX_LENGTH)
-    assert huge[0] == longest[0]
-    np.testing.assert_array_equal(huge[1], longest[1])
-    assert all(score > -1e8 for score in huge[1])  # a real search, not an empty one
+    large, longest = translate(MAX_EXTRA_LENGTH), translate(MAX_LENGTH)
+    assert large[0] == longest[0]
+    np.testing.assert_array_equal(large[1], longest[1])
+    assert all(score > -1e8 for score in large[1])  # a real search, not an empty one
 
 
 def test_kt_serve_answers_bad_options_with_a_readable_400_and_a_huge_version_with_404(export):

@@ -647,7 +647,8 @@ def _version(base, version, broken=False):
 def test_versions_are_polled_swapped_and_failures_reported(tmp_path):
     _version(tmp_path, 1)
     os.makedirs(tmp_path / "5")  # no saved_model.pb: ignored
-    manager = VersionManager(str(tmp_path), poll_wait_seconds=0.05, load=_FakeServable)
+    manager = VersionManager(str(tmp_path), poll_wait_seconds=0.05, load=_FakeServable,
+                             max_num_load_retries=0)
     assert manager.start() == 1
     try:
         first = manager.get()

@@ -180,3 +180,28 @@ def test_two_thousand_requests(tmp_path, batching):
     assert figures["server_errors_5xx"] == 0 and figures["no_answer"] == 0
     assert figures["requests"] >= 2000
     assert result["rss_mib"]["after"] <= result["rss_mib"]["limit"], result["rss_mib"]
+
+
+SWAPS = 20
+# Growth of resident memory from the second swap to the last: each swap
+# loads a version beside the served one and unloads the old one after, so
+# memory may stay one version higher than before the first swap, but must
+# not grow with the number of swaps (docs/serving.md has the figures).
+SWAP_GROWTH_BOUND_MIB = 150
+
+
+@pytest.mark.slow
+def test_twenty_swaps_under_load_keep_every_answer_and_bounded_memory(tmp_path):
+    server, versions, _ = served(tmp_path, batching=True, reweight=True, in_process=True)
+    try:
+        base = tmp_path / "served" / serve_load.NAME
+        _, failures = serve_load.warm_up(server, versions, CLIENTS)
+        more, rss = serve_load.swaps_run(server, versions, tmp_path / "swaps", str(base), SWAPS,
+                                         clients=CLIENTS)
+        failures += more
+    finally:
+        server.stop()
+    print(f"\nRSS after each of {SWAPS} swaps (MiB): {[round(r) for r in rss]}")
+    assert failures == [], "\n".join(failures[:20]) + "\n" + server.log()[-3000:]
+    assert len(rss) == SWAPS
+    assert rss[-1] - rss[1] <= SWAP_GROWTH_BOUND_MIB, rss

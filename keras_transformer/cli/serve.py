@@ -40,25 +40,47 @@ def _at_least(low, kind=int):
 
 def build_parser():
     # Plain constants: reading them loads no TensorFlow.
-    from keras_transformer.serving.limits import (
-        DEFAULT_MAX_BEAM_SIZE,
-        DEFAULT_MAX_REQUEST_SENTENCES,
-    )
+    from keras_transformer.serving import limits
 
     parser = argparse.ArgumentParser(
         prog="kt-serve", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model-name", required=True,
+    models = parser.add_argument_group("models (one by name, or TF Serving's config file)")
+    models.add_argument("--model-name",
                         help="the model's name in the URLs (/v1/models/NAME)")
-    parser.add_argument("--model-base-path",
+    models.add_argument("--model-base-path",
                         help="the directory of its versions, saved_models/NAME/<version>/ "
                         "(default: saved_models/NAME)")
+    models.add_argument("--model-config-file",
+                        help="TF Serving's ModelServerConfig text file: several models, "
+                        "version policies and labels (instead of --model-name; needs the "
+                        "grpc extra)")
+    models.add_argument("--model-config-file-poll-wait-seconds", type=_at_least(0, float),
+                        default=0.0,
+                        help="seconds between looks at --model-config-file for changes; 0: "
+                        "read it only at start (default: %(default)s)")
+    models.add_argument("--file-system-poll-wait-seconds", type=_at_least(0, float),
+                        default=1.0,
+                        help="seconds between looks for new versions; 0: look only at "
+                        "start (default: %(default)s)")
+    models.add_argument("--max-num-load-retries", type=_at_least(0),
+                        default=limits.DEFAULT_MAX_NUM_LOAD_RETRIES,
+                        help="tries after a version fails to load (default: %(default)s)")
+    models.add_argument("--load-retry-interval-micros", type=_at_least(0),
+                        default=limits.DEFAULT_LOAD_RETRY_INTERVAL_MICROS,
+                        help="microseconds between two tries (default: %(default)s)")
     parser.add_argument("--rest-api-port", type=_at_least(0), default=8501,
                         help="port to listen on; 0 picks a free one (default: %(default)s)")
     parser.add_argument("--rest-api-host", default="127.0.0.1",
-                        help="address to listen on (default: %(default)s, this machine only; "
-                        "0.0.0.0 exposes the server to the network)")
+                        help="address to listen on, REST and gRPC (default: %(default)s, this "
+                        "machine only; 0.0.0.0 exposes the server to the network)")
+    parser.add_argument("--port", type=_at_least(0), default=None,
+                        help="gRPC port (TF Serving's PredictionService and ModelService); "
+                        "0 picks a free one; default: no gRPC (needs the grpc extra)")
+    parser.add_argument("--monitoring-config-file",
+                        help="TF Serving's MonitoringConfig text file: prometheus_config "
+                        "{enable, path} (default: metrics at /monitoring/prometheus/metrics)")
     batching = parser.add_argument_group("batching (as TF Serving's)")
     batching.add_argument("--enable-batching", action="store_true",
                           help="merge concurrent requests of the same signature and options "
@@ -73,29 +95,82 @@ def build_parser():
                           "(default: %(default)s)")
     batching.add_argument("--num-batch-threads", type=_at_least(1), default=1,
                           help="batches that run at once (default: %(default)s)")
-    parser.add_argument("--file-system-poll-wait-seconds", type=_at_least(0, float), default=1.0,
-                        help="seconds between looks for a new version; 0: look only at "
-                        "start (default: %(default)s)")
-    parser.add_argument("--max-request-sentences", type=_at_least(1),
-                        default=DEFAULT_MAX_REQUEST_SENTENCES,
-                        help="most sentences in one request; more get 400 (with batching, "
-                             "also at most --max-batch-size, as TF Serving refuses)")
-    parser.add_argument("--max-beam-size", type=_at_least(1), default=DEFAULT_MAX_BEAM_SIZE,
-                        help="largest beam_size a request may ask for; larger get 400")
-    parser.add_argument("--max-request-bytes", type=_at_least(1), default=1 << 20,
-                        help="largest request body; larger ones get 413 (default: %(default)s)")
+    work = parser.add_argument_group("limits (each refusal is a 4xx or 503 with a message)")
+    work.add_argument("--max-request-sentences", type=_at_least(1),
+                      default=limits.DEFAULT_MAX_REQUEST_SENTENCES,
+                      help="most sentences in one request; more get 400 (with batching, "
+                      "also at most --max-batch-size, as TF Serving refuses) "
+                      "(default: %(default)s)")
+    work.add_argument("--max-beam-size", type=_at_least(1),
+                      default=limits.DEFAULT_MAX_BEAM_SIZE,
+                      help="largest beam_size a request may ask for; larger get 400 "
+                      "(default: %(default)s)")
+    work.add_argument("--max-request-bytes", type=_at_least(1), default=1 << 20,
+                      help="largest request body; larger ones get 413 (default: %(default)s)")
+    work.add_argument("--max-enqueued-requests", type=_at_least(1),
+                      default=limits.DEFAULT_MAX_ENQUEUED_REQUESTS,
+                      help="unbatched requests waiting for or running on the model; more "
+                      "get 503 (default: %(default)s)")
+    work.add_argument("--max-concurrent-requests", type=_at_least(1),
+                      default=limits.DEFAULT_MAX_CONCURRENT_REQUESTS,
+                      help="requests in flight, REST and gRPC each; more get 503; open "
+                      "connections are limited to twice this (default: %(default)s)")
+    work.add_argument("--request-header-timeout-seconds", type=_at_least(0.001, float),
+                      default=limits.DEFAULT_HEADER_TIMEOUT_SECONDS,
+                      help="a connection whose request headers take longer is closed "
+                      "(default: %(default)s)")
+    work.add_argument("--request-body-timeout-seconds", type=_at_least(0.001, float),
+                      default=limits.DEFAULT_BODY_TIMEOUT_SECONDS,
+                      help="a body that takes longer to arrive gets 408 "
+                      "(default: %(default)s)")
+    work.add_argument("--rest-api-timeout-in-ms", type=_at_least(0),
+                      default=limits.DEFAULT_REST_API_TIMEOUT_MS,
+                      help="a predict request that takes longer gets 504; 0: no limit "
+                      "(default: %(default)s)")
     startup.add_arguments(parser)
     return parser
 
 
+def _metrics_path(path):
+    """The metrics path a MonitoringConfig file asks for (None: off)."""
+    if path is None:
+        from keras_transformer.serving.app import METRICS_PATH
+
+        return METRICS_PATH
+    try:
+        from google.protobuf import text_format
+        from tensorflow_serving.config import monitoring_config_pb2
+    except ImportError:
+        raise ImportError("--monitoring-config-file needs TF Serving's protos: pip install "
+                          "'attention-transformer-keras[grpc]'") from None
+    config = monitoring_config_pb2.MonitoringConfig()
+    with open(path, encoding="utf-8") as f:
+        try:
+            text_format.Parse(f.read(), config)
+        except text_format.ParseError as e:
+            raise ValueError(f"--monitoring-config-file {path}: {e}") from None
+    prometheus = config.prometheus_config
+    if not prometheus.enable:
+        return None
+    return prometheus.path or "/monitoring/prometheus/metrics"
+
+
 def serve(argv=None):
-    """kt-serve as a function: loads the newest version, serves until
+    """kt-serve as a function: loads the models' versions, serves until
     SIGINT/SIGTERM.
 
-    Raises: `FileNotFoundError` (`NoServableVersion`) when the base path has
-    no loadable version; `ValueError` when the address cannot be bound.
+    Raises: `FileNotFoundError` (`NoServableVersion`) when a model has no
+    loadable version; `ValueError` for a bad config file or an address
+    that cannot be bound; `ImportError` when an option needs the grpc extra.
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if (args.model_name is None) == (args.model_config_file is None):
+        parser.error("give --model-name (with --model-base-path) or --model-config-file, "
+                     "not both")
+    if args.model_config_file and args.model_base_path:
+        parser.error("--model-base-path goes with --model-name; a config file names each "
+                     "model's base_path")
     from keras_transformer.serving.app import (
         ServingApp,
         bind,
@@ -104,40 +179,89 @@ def serve(argv=None):
         url_of,
     )
     from keras_transformer.serving.batching import BatchScheduler
-    from keras_transformer.serving.model_versions import VersionManager
+    from keras_transformer.serving.metrics import Metrics
+    from keras_transformer.serving.model_versions import VersionPolicy
+    from keras_transformer.serving.models import (
+        ModelConfigWatcher,
+        ServedModels,
+        manager_factory,
+    )
 
     configure_logging()
-    base_path = args.model_base_path or os.path.join("saved_models", args.model_name)
-    versions = VersionManager(base_path, args.file_system_poll_wait_seconds)
+    metrics_path = _metrics_path(args.monitoring_config_file)
+    metrics = Metrics()
+    make_manager = manager_factory(args.file_system_poll_wait_seconds,
+                                   args.max_num_load_retries,
+                                   args.load_retry_interval_micros / 1e6, metrics)
+    models = ServedModels({})
+    watcher = None
     sock = bind(args.rest_api_host, args.rest_api_port)
     batcher = None
     try:
-        versions.start()
+        if args.model_config_file:
+            watcher = ModelConfigWatcher(args.model_config_file, models, make_manager,
+                                         args.model_config_file_poll_wait_seconds)
+            watcher.start()
+        else:
+            base_path = args.model_base_path or os.path.join("saved_models", args.model_name)
+            manager = make_manager(args.model_name, base_path, VersionPolicy.latest(1))
+            manager.start()
+            models.replace({args.model_name: manager}, {})
         if args.enable_batching:
             batcher = BatchScheduler(args.max_batch_size, args.batch_timeout_micros,
-                                     args.max_enqueued_batches, args.num_batch_threads)
-        app = ServingApp(args.model_name, versions, batcher, args.max_request_bytes,
+                                     args.max_enqueued_batches, args.num_batch_threads,
+                                     metrics=metrics)
+        app = ServingApp(models, batcher=batcher, max_request_bytes=args.max_request_bytes,
                          max_request_sentences=args.max_request_sentences,
-                         max_beam_size=args.max_beam_size)
+                         max_beam_size=args.max_beam_size,
+                         max_enqueued_requests=args.max_enqueued_requests,
+                         max_concurrent_requests=args.max_concurrent_requests,
+                         body_timeout=args.request_body_timeout_seconds,
+                         rest_api_timeout=args.rest_api_timeout_in_ms / 1000,
+                         metrics=metrics, metrics_path=metrics_path)
+        grpc_address = {}
+
+        def on_start(loop):
+            if args.port is None:
+                return None
+            from keras_transformer.serving.grpc_service import start_grpc_server
+
+            server, port = start_grpc_server(app, loop, args.rest_api_host, args.port)
+            grpc_address["port"] = port
+            return lambda: server.stop(1)
 
         def ready():
-            served = versions.get()
-            print(f"kt-serve: serving {args.model_name} version {served.version} at "
-                  f"{url_of(sock)}", flush=True)
+            # The gRPC line first: a reader that stops at the first serving
+            # line has seen it.
+            if "port" in grpc_address:
+                print(f"kt-serve: gRPC at {args.rest_api_host}:{grpc_address['port']}",
+                      flush=True)
+            for name in models.names:
+                served = models.get(name).get()
+                print(f"kt-serve: serving {name} version {served.version} at "
+                      f"{url_of(sock)}", flush=True)
 
-        run_server(app.app, sock, ready)
+        run_server(app.app, sock, ready, header_timeout=args.request_header_timeout_seconds,
+                   max_connections=2 * args.max_concurrent_requests, on_start=on_start)
     finally:
-        versions.stop()
+        if watcher is not None:
+            watcher.stop()
+        models.stop()
         if batcher is not None:
             batcher.shutdown()
         sock.close()
 
 
 def main(argv=None):
-    """kt-serve; returns the exit status (2: no loadable version under the
-    base path, or the address is taken, with the reason on stderr)."""
+    """kt-serve; returns the exit status (2: no loadable version under a
+    base path, a bad config file, or the address is taken, with the reason
+    on stderr)."""
     startup.start(argv)
-    return run_command(serve, argv)
+    try:
+        return run_command(serve, argv)
+    except ImportError as e:  # an option that needs an extra
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -69,6 +69,10 @@ IDS_SPEC = tf.TensorSpec([None, None], tf.int32, name="source_ids")
 BEAM_SIZE_SPEC = tf.TensorSpec([], tf.int32, name="beam_size")
 ALPHA_SPEC = tf.TensorSpec([], tf.float32, name="alpha")
 EXTRA_LENGTH_SPEC = tf.TensorSpec([], tf.int32, name="extra_length")
+# The largest `extra_length` a signature accepts: far beyond any model's
+# max_length (searches are clamped to it), small enough that `source length
+# + 1 + extra_length` never wraps in int32.
+MAX_EXTRA_LENGTH = 1 << 16
 N_SPEC = tf.TensorSpec([], tf.int32, name="n")
 TEMPERATURE_SPEC = tf.TensorSpec([], tf.float32, name="temperature")
 TOP_K_SPEC = tf.TensorSpec([], tf.int32, name="top_k")
@@ -359,9 +363,9 @@ class Translator(tf.Module, ExplainingEngine):
         server of the SavedModel (TF Serving too) answers a bad value with
         InvalidArgument naming it: `beam_size` in `[1, output vocabulary //
         2]` (compared in int64, so no value wraps into range), `alpha`
-        finite and >= 0. `extra_length` is clamped to `[0,
-        config.max_length]`: no output is longer than `max_length`, and the
-        clamp keeps `source length + 1 + extra_length` from wrapping."""
+        finite and >= 0, `extra_length` in `[0, MAX_EXTRA_LENGTH]`. Then
+        `extra_length` is clamped to `config.max_length`: no output is
+        longer than `max_length`."""
         vocab_size, max_length = self.config.output_vocab_size, self.config.max_length
         wide = tf.cast(beam_size, tf.int64)
         checks = [
@@ -370,6 +374,9 @@ class Translator(tf.Module, ExplainingEngine):
                                  beam_size]),
             tf.debugging.Assert(tf.math.is_finite(alpha) & (alpha >= 0.0),
                                 ["alpha must be a finite number >= 0, received", alpha]),
+            tf.debugging.Assert((extra_length >= 0) & (extra_length <= MAX_EXTRA_LENGTH),
+                                [f"extra_length must be between 0 and {MAX_EXTRA_LENGTH}, "
+                                 "received", extra_length]),
         ]
         with tf.control_dependencies(checks):
             return (tf.identity(beam_size), tf.identity(alpha),

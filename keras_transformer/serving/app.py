@@ -1,11 +1,14 @@
 """kt-serve's HTTP application (Starlette) and its uvicorn server.
 
-Routes (TF Serving's REST API for one model, plus a playground):
+Routes (TF Serving's REST API, plus a playground; `[/versions/<v>]` may also
+be `[/labels/<label>]`):
 
 - `POST /v1/models/<name>[/versions/<v>]:predict`: predict (`rest_api`).
 - `GET /v1/models/<name>[/versions/<v>]`: model status.
 - `GET /v1/models/<name>[/versions/<v>]/metadata`: signatures' inputs and
   outputs.
+- `GET /monitoring/prometheus/metrics`: the metrics (`metrics`), as TF
+  Serving's `--monitoring_config_file` enables them.
 - `GET /v1/models/<name>/batching`: batching counters (kt-serve's own:
   `{"enabled": false}` without --enable-batching).
 - `GET /`: `playground/index.html`; `GET /playground/<file>`: the files of
@@ -13,11 +16,18 @@ Routes (TF Serving's REST API for one model, plus a playground):
   decoding defaults and example sentences.
 
 Every error is TF Serving's JSON body `{"error": "<message>"}`: 400 for a
-bad request (including the model rejecting its inputs), 404 for an unknown
-model, version or path, 405 for a wrong method, 413 for a body over the
-size limit, 503 when the batch queue is full; an unexpected exception is a
-500 with its traceback logged. Model calls and JSON conversion run on
-worker threads, so the event loop keeps answering while models run.
+bad request (including the model rejecting its inputs, or asking for more
+work than the limits allow), 404 for an unknown model, version, label or
+path, 405 for a wrong method, 408 for a body not received within
+`body_timeout`, 413 for a body over the size limit, 503 when a queue is
+full, too many requests are in flight, or the model runs out of memory, 504
+past `rest_api_timeout`; an unexpected exception is a 500 with its
+traceback logged. A client that goes away costs one log line at most.
+Model calls and JSON conversion run on worker threads, so the event loop
+keeps answering while models run.
+
+Predict requests from REST and gRPC (`grpc_service`) meet the same limits,
+queues, batching and metrics through `ServingApp.run_predict`.
 """
 
 import asyncio
@@ -28,17 +38,26 @@ import os
 import re
 import socket
 import sys
+import time
 
 import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
-from keras_transformer.serving import rest_api
-from keras_transformer.serving.batching import QueueFull, TaskTooLarge, batch_key, batchable
-from keras_transformer.serving.limits import DEFAULT_MAX_BEAM_SIZE, DEFAULT_MAX_REQUEST_SENTENCES
+from keras_transformer.serving import limits, rest_api
+from keras_transformer.serving.batching import (
+    QUEUE_FULL_MESSAGE,
+    QueueFull,
+    TaskTooLarge,
+    batch_key,
+    batchable,
+)
+from keras_transformer.serving.metrics import CONTENT_TYPE, Metrics
 from keras_transformer.serving.model_versions import ModelError, ModelOverloaded
+from keras_transformer.serving.models import ServedModels, single_model
 from keras_transformer.serving.rest_api import RestError
 
 LOGGER = logging.getLogger("kt-serve")
@@ -46,8 +65,14 @@ PLAYGROUND_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "playg
 
 _MODEL_PATH = re.compile(
     # At most 18 digits: an int64, and no huge number reaches int().
-    r"(?P<name>[^/:]+)(?:/versions/(?P<version>[0-9]{1,18}))?"
+    r"(?P<name>[^/:]+)(?:/versions/(?P<version>[0-9]{1,18})|/labels/(?P<label>[^/:]+))?"
     r"(?:(?P<predict>:predict)|(?P<metadata>/metadata)|(?P<other>:[A-Za-z]+))?")
+# HTTP statuses as TF Serving maps canonical error codes, and back.
+STATUS_CODES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 405: "UNIMPLEMENTED",
+                408: "DEADLINE_EXCEEDED", 413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED",
+                499: "CANCELLED", 500: "INTERNAL", 503: "UNAVAILABLE",
+                504: "DEADLINE_EXCEEDED"}
+METRICS_PATH = "/monitoring/prometheus/metrics"
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 _BATCHING_PATH = re.compile(r"(?P<name>[^/:]+)/batching")
 
@@ -65,42 +90,81 @@ class ServingApp:
     """The application's state and endpoints.
 
     Args:
-        model_name: the served model's name (the `<name>` of the URLs).
-        versions: a `model_versions.VersionManager` (started).
+        models: a `models.ServedModels` (started), or a model name, with
+            `versions` its `VersionManager`.
+        versions: with a model name as `models`: its `VersionManager`.
         batcher: a `batching.BatchScheduler`, or None (no batching).
         max_request_bytes: the largest request body accepted (413 beyond).
         max_request_sentences: the most sentences (rows) one request may
             hold (400 beyond), batching or not.
         max_beam_size: the largest `beam_size` a request may ask for (400
             beyond); the model's own limit, half its vocabulary, still holds.
+        max_enqueued_requests: the most unbatched predict requests waiting
+            for or running on the model at once (503 beyond).
+        max_concurrent_requests: the most HTTP requests in flight at once,
+            reading their body included (503 beyond).
+        body_timeout: seconds a request's body may take to arrive (408
+            beyond).
+        rest_api_timeout: seconds a predict request may take in all (504
+            beyond; the model call itself finishes in the background);
+            None or 0: no limit.
         playground_dir: where `/` and `/playground/<file>` read from.
         executor: runs model calls and JSON conversion (default: a thread
             pool of its own).
+        metrics: a `metrics.Metrics` (default: a new one); served at
+            `metrics_path` (None: not served).
     """
 
-    def __init__(self, model_name, versions, batcher=None, max_request_bytes=1 << 20,
+    def __init__(self, models, versions=None, batcher=None, max_request_bytes=1 << 20,
                  playground_dir=PLAYGROUND_DIR, executor=None,
-                 max_request_sentences=DEFAULT_MAX_REQUEST_SENTENCES,
-                 max_beam_size=DEFAULT_MAX_BEAM_SIZE):
-        self.model_name = model_name
-        self.versions = versions
+                 max_request_sentences=limits.DEFAULT_MAX_REQUEST_SENTENCES,
+                 max_beam_size=limits.DEFAULT_MAX_BEAM_SIZE,
+                 max_enqueued_requests=limits.DEFAULT_MAX_ENQUEUED_REQUESTS,
+                 max_concurrent_requests=limits.DEFAULT_MAX_CONCURRENT_REQUESTS,
+                 body_timeout=limits.DEFAULT_BODY_TIMEOUT_SECONDS,
+                 rest_api_timeout=limits.DEFAULT_REST_API_TIMEOUT_MS / 1000,
+                 metrics=None, metrics_path=METRICS_PATH):
+        if not isinstance(models, ServedModels):
+            models = single_model(models, versions)
+        self.models = models
         self.batcher = batcher
         self.max_request_bytes = max_request_bytes
         self.max_request_sentences = max_request_sentences
         self.max_beam_size = max_beam_size
+        self.max_enqueued_requests = max_enqueued_requests
+        self.max_concurrent_requests = max_concurrent_requests
+        self.body_timeout = body_timeout
+        self.rest_api_timeout = rest_api_timeout or None
         self.playground_dir = playground_dir
+        self.metrics = metrics if metrics is not None else Metrics()
         self.executor = executor or concurrent.futures.ThreadPoolExecutor(
             thread_name_prefix="kt-serve-predict")
-        self.app = Starlette(
-            routes=[
-                Route("/", self.index, methods=["GET"]),
-                Route("/playground/info", self.playground_info, methods=["GET"]),
-                Route("/playground/{file}", self.playground_file, methods=["GET"]),
-                # Every method: a wrong one gets TF Serving's JSON error (405).
-                Route("/v1/models/{path:path}", self.models, methods=_ALL_METHODS),
-            ],
+        self._enqueued = 0  # unbatched predict requests on the model; event loop only
+        self._in_flight = 0  # HTTP requests being answered; event loop only
+        routes = [
+            Route("/", self.index, methods=["GET"]),
+            Route("/playground/info", self.playground_info, methods=["GET"]),
+            Route("/playground/{file}", self.playground_file, methods=["GET"]),
+            # Every method: a wrong one gets TF Serving's JSON error (405).
+            Route("/v1/models/{path:path}", self.models_endpoint, methods=_ALL_METHODS),
+        ]
+        if metrics_path:
+            routes.append(Route(metrics_path, self.prometheus, methods=["GET"]))
+        starlette = Starlette(
+            routes=routes,
             exception_handlers={HTTPException: self._http_error, Exception: self._crash},
         )
+        self.app = _ConcurrencyLimit(starlette, self)
+
+    @property
+    def model_name(self):
+        """The default model's name (the playground's)."""
+        return self.models.default_name
+
+    @property
+    def versions(self):
+        """The default model's `VersionManager`."""
+        return self.models.get(self.models.default_name)
 
     # Errors -----------------------------------------------------------------
 
@@ -115,7 +179,7 @@ class ServingApp:
                      exc_info=error)
         return error_response(f"Internal error: {type(error).__name__}: {error}", 500)
 
-    # Playground -------------------------------------------------------------
+    # Playground and metrics ---------------------------------------------------
 
     async def index(self, request):
         return self._static("index.html")
@@ -137,22 +201,30 @@ class ServingApp:
                             headers={"Cache-Control": "no-cache"})
 
     async def playground_info(self, request):
-        servable = self.versions.get()
+        name = self.model_name
+        manager = self.models.get(name) if name is not None else None
+        servable = manager.get() if manager is not None else None
         if servable is None:
-            return error_response(f"Servable not found for request: "
-                                  f"Latest({self.model_name})", 404)
+            return error_response(f"Servable not found for request: Latest({name})", 404)
         metadata = servable.metadata
         return json_response({
-            "model_name": self.model_name, "version": servable.version,
+            "model_name": name, "version": servable.version,
             "beam_size": metadata.get("beam_size"), "alpha": metadata.get("alpha"),
             "extra_length": metadata.get("extra_length"), "examples": servable.examples,
         })
 
+    async def prometheus(self, request):
+        return Response(self.metrics.exposition(), 200, media_type=CONTENT_TYPE)
+
     # TF Serving's API ---------------------------------------------------------
 
-    async def models(self, request):
+    async def models_endpoint(self, request):
         try:
             return await self._models(request)
+        except ClientDisconnect:
+            LOGGER.info("The client of %s %s went away before its request arrived",
+                        request.method, request.url.path)
+            return Response(status_code=499)
         except Exception as error:  # a 500 with the traceback logged, never a hang
             return await self._crash(request, error)
 
@@ -173,31 +245,51 @@ class ServingApp:
                 ":predict; :classify and :regress are TF Serving's Example APIs)", 404)
         name = match.group("name")
         version = int(match.group("version")) if match.group("version") else None
+        label = match.group("label")
         if match.group("predict"):
             if method != "POST":
                 return self._not_allowed(request, "POST")
-            return await self._predict(request, name, version)
+            return await self._predict(request, name, version, label)
         if method not in ("GET", "HEAD"):
             return self._not_allowed(request, "GET")
-        if match.group("metadata"):
-            return self._metadata(name, version)
-        return self._status(name, version)
+        try:
+            if label is not None:
+                version = self.label_version(name, label)
+            if match.group("metadata"):
+                return self._metadata(name, version)
+            return self._status(name, version)
+        except RestError as e:
+            return error_response(e.message, e.status)
 
     def _not_allowed(self, request, allowed):
         return error_response(f"Method {request.method} not allowed for {request.url.path} "
                               f"(use {allowed})", 405, {"Allow": allowed})
 
-    def _servable(self, name, version):
-        """The servable a request names, or `RestError` 404 in TF
-        Serving's words."""
-        servable = self.versions.get(version) if name == self.model_name else None
+    def label_version(self, name, label):
+        """The version `label` names for model `name`, or `RestError`
+        404."""
+        if self.models.get(name) is None:
+            raise RestError(f"Servable not found for request: Latest({name})", 404)
+        version = self.models.label_version(name, label)
+        if version is None:
+            raise RestError(f"Unrecognized servable version label: {label}", 404)
+        return version
+
+    def servable(self, name, version=None, label=None):
+        """The servable a request names, or `RestError` 404 in TF Serving's
+        words."""
+        if label is not None:
+            version = self.label_version(name, label)
+        manager = self.models.get(name)
+        servable = manager.get(version) if manager is not None else None
         if servable is None:
             which = f"Latest({name})" if version is None else f"Specific({name}, {version})"
             raise RestError(f"Servable not found for request: {which}", 404)
         return servable
 
     def _status(self, name, version):
-        entries = self.versions.status(version) if name == self.model_name else []
+        manager = self.models.get(name)
+        entries = manager.status(version) if manager is not None else []
         if not entries:
             message = (f"Could not find any versions of model {name}" if version is None
                        else f"Could not find version {version} of model {name}")
@@ -206,49 +298,104 @@ class ServingApp:
 
     def _metadata(self, name, version):
         try:
-            servable = self._servable(name, version)
+            servable = self.servable(name, version)
         except RestError as e:
             return error_response(e.message, e.status)
         return json_response(rest_api.model_metadata(name, servable.version, servable.specs))
 
     def _batching(self, name):
-        if name != self.model_name:
+        if self.models.get(name) is None:
             return error_response(f"Servable not found for request: Latest({name})", 404)
         if self.batcher is None:
             return json_response({"enabled": False})
         return json_response({"enabled": True, **self.batcher.statistics()})
 
-    async def _predict(self, request, name, version):
+    async def _predict(self, request, name, version, label):
+        start = time.monotonic()
+        status = 500  # until answered otherwise
         try:
-            servable = self._servable(name, version)
+            servable = self.servable(name, version, label)
             body = await self._read_body(request)
             loop = asyncio.get_running_loop()
             parsed = await loop.run_in_executor(self.executor, _parse, body, servable.specs)
-            self._check_work(parsed.inputs)
-            spec = servable.specs[parsed.signature_name]
-
-            def run(inputs):
-                return servable.predict(parsed.signature_name, inputs)
-
-            if self.batcher is not None and batchable(spec):
-                key = (servable.version, id(servable), parsed.signature_name,
-                       batch_key(parsed.inputs))
-                outputs = await self.batcher.submit(key, parsed.inputs, run)
-            else:
-                outputs = await loop.run_in_executor(self.executor, run, parsed.inputs)
+            outputs = await self.run_predict(servable, name, parsed.signature_name,
+                                             parsed.inputs, start)
             answer = await loop.run_in_executor(self.executor, _answer, outputs,
                                                 parsed.row_format)
+            status = 200
+            return Response(answer, 200, media_type="application/json")
+        except ClientDisconnect:
+            status = 499
+            raise
         except RestError as e:
+            status = e.status
             return error_response(e.message, e.status)
+        finally:
+            self.metrics.observe_request(name, "OK" if status == 200 else STATUS_CODES.get(
+                status, "UNKNOWN"), (time.monotonic() - start) * 1e6, "REST")
+
+    async def run_predict(self, servable, name, signature_name, inputs, start=None):
+        """Runs a parsed predict request under the server's limits: the
+        work checks, the queue bound (or the batcher's), and the deadline.
+
+        Args:
+            servable: from `servable(...)`.
+            name: the model's name (for metrics).
+            signature_name: a signature of `servable`.
+            inputs: `{input name: np.ndarray}` matching its specs.
+            start: `time.monotonic()` when the request arrived (the
+                deadline counts from it; default: now).
+
+        Returns: `{output name: np.ndarray}`.
+        Raises: `RestError` with TF Serving's status and message for every
+        refusal (400, 503, 504).
+        """
+        start = time.monotonic() if start is None else start
+        self._check_work(inputs)
+        spec = servable.specs[signature_name]
+
+        def run(merged):
+            return servable.predict(signature_name, merged)
+
+        try:
+            if self.batcher is not None and batchable(spec):
+                key = (servable.version, id(servable), signature_name, batch_key(inputs))
+                call = self.batcher.submit(key, inputs, run)
+            else:
+                call = self._unbatched(run, inputs)
+            if self.rest_api_timeout is None:
+                return await call
+            left = self.rest_api_timeout - (time.monotonic() - start)
+            try:
+                return await asyncio.wait_for(call, max(left, 0.0))
+            except asyncio.TimeoutError:
+                raise RestError(f"Deadline exceeded: the request took longer than "
+                                f"{self.rest_api_timeout * 1000:g} ms "
+                                "(--rest-api-timeout-in-ms).", 504) from None
         except ModelError as e:
-            return error_response(e.args[0], 400)
+            raise RestError(e.args[0], 400) from None
         except ModelOverloaded as e:
-            return error_response(e.args[0], 503)
+            raise RestError(e.args[0], 503) from None
         except QueueFull as e:
-            return error_response(str(e), 503)
+            self.metrics.observe_queue_full(name)
+            raise RestError(str(e), 503) from None
         except TaskTooLarge as e:
-            return error_response(str(e), 400)
-        return Response(answer, 200, media_type="application/json")
+            raise RestError(str(e), 400) from None
+
+    async def _unbatched(self, run, inputs):
+        """`run(inputs)` on the executor, refusing (`QueueFull`) beyond
+        `max_enqueued_requests` waiting or running."""
+        if self._enqueued >= self.max_enqueued_requests:
+            raise QueueFull(f"{QUEUE_FULL_MESSAGE} ({self.max_enqueued_requests} requests "
+                            "wait or run, --max-enqueued-requests)")
+        self._enqueued += 1
+        future = asyncio.get_running_loop().run_in_executor(self.executor, run, inputs)
+        future.add_done_callback(self._dequeued)
+        # The count drops when the model call ends, even if the client left.
+        return await asyncio.shield(future)
+
+    def _dequeued(self, _):
+        self._enqueued -= 1
 
     def _check_work(self, inputs):
         """Refuses (400) a request over `max_request_sentences` rows or
@@ -268,20 +415,53 @@ class ServingApp:
     async def _read_body(self, request):
         """The body, refusing (413) one over `max_request_bytes` before
         reading it when its Content-Length says so, else as soon as it
-        grows past the limit."""
+        grows past the limit, and (408) one that takes longer than
+        `body_timeout` to arrive."""
         limit = self.max_request_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise RestError(f"The request body has {int(declared)} bytes, over the limit of "
                             f"{limit} (--max-request-bytes).", 413)
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise RestError(f"The request body has more than {limit} bytes, the limit "
-                                "(--max-request-bytes).", 413)
-            chunks.append(chunk)
-        return b"".join(chunks)
+
+        async def read():
+            chunks, size = [], 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise RestError(f"The request body has more than {limit} bytes, the "
+                                    "limit (--max-request-bytes).", 413)
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+        try:
+            return await asyncio.wait_for(read(), self.body_timeout)
+        except asyncio.TimeoutError:
+            raise RestError(f"The request body did not arrive within {self.body_timeout:g} s "
+                            "(--request-body-timeout-seconds).", 408) from None
+
+
+class _ConcurrencyLimit:
+    """ASGI middleware: at most `max_concurrent_requests` HTTP requests in
+    flight; one more gets a JSON 503 at once."""
+
+    def __init__(self, app, owner):
+        self.app = app
+        self.owner = owner
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        owner = self.owner
+        if owner._in_flight >= owner.max_concurrent_requests:
+            response = error_response(
+                f"Too many requests in flight ({owner.max_concurrent_requests}, "
+                "--max-concurrent-requests); try again later.", 503, {"Retry-After": "1"})
+            return await response(scope, receive, send)
+        owner._in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            owner._in_flight -= 1
 
 
 def _parse(body, specs):
@@ -293,10 +473,11 @@ def _answer(outputs, row_format):
 
 
 def create_app(model_name, versions, batcher=None, max_request_bytes=1 << 20,
-               playground_dir=PLAYGROUND_DIR):
-    """The Starlette application serving `versions` as `model_name` (see
-    `ServingApp`)."""
-    return ServingApp(model_name, versions, batcher, max_request_bytes, playground_dir).app
+               playground_dir=PLAYGROUND_DIR, **limits_):
+    """The ASGI application serving `versions` as `model_name` (see
+    `ServingApp`; `limits_` its keyword arguments)."""
+    return ServingApp(model_name, versions, batcher, max_request_bytes, playground_dir,
+                      **limits_).app
 
 
 def bind(host, port):
@@ -320,24 +501,81 @@ def url_of(sock):
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def run_server(app, sock, ready=None):
+def header_deadline_protocol(header_timeout):
+    """uvicorn's h11 protocol, closing a connection whose request line and
+    headers have not all arrived `header_timeout` seconds after it opened
+    or after its previous response (a slow client holds no connection
+    for longer)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderDeadlineProtocol(H11Protocol):
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._arm_header_deadline()
+
+        def on_response_complete(self):
+            super().on_response_complete()
+            self._arm_header_deadline()
+
+        def connection_lost(self, exc):
+            timer = getattr(self, "_header_timer", None)
+            if timer is not None:
+                timer.cancel()
+            super().connection_lost(exc)
+
+        def _arm_header_deadline(self):
+            timer = getattr(self, "_header_timer", None)
+            if timer is not None:
+                timer.cancel()
+            self._header_cycle = self.cycle
+            self._header_timer = self.loop.call_later(header_timeout, self._header_late)
+
+        def _header_late(self):
+            # A new request's headers make a new cycle; none means they are late.
+            if self.cycle is self._header_cycle and not self.transport.is_closing():
+                LOGGER.info("Closed a connection whose request headers took longer than "
+                            "%g s", header_timeout)
+                self.transport.close()
+
+    return HeaderDeadlineProtocol
+
+
+def run_server(app, sock, ready=None, header_timeout=limits.DEFAULT_HEADER_TIMEOUT_SECONDS,
+               max_connections=None, on_start=None):
     """Serves `app` on `sock` with uvicorn until SIGINT or SIGTERM; calls
-    `ready()` once it accepts connections. Logs go to stderr; no access
-    log."""
+    `on_start(loop)` once it accepts connections (it may return a
+    callable, called at shutdown), then `ready()`. A connection whose
+    headers take longer than `header_timeout` seconds is closed; beyond
+    `max_connections` open connections (None: no limit) uvicorn answers
+    503. Logs go to stderr; no access log."""
     import uvicorn
 
     configure_logging()
     config = uvicorn.Config(app, log_config=None, access_log=False,
-                            lifespan="off", timeout_graceful_shutdown=5)
+                            lifespan="off", timeout_graceful_shutdown=5,
+                            http=header_deadline_protocol(header_timeout),
+                            limit_concurrency=max_connections)
     server = uvicorn.Server(config)
 
     async def main():
         task = asyncio.ensure_future(server.serve(sockets=[sock]))
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
-        if server.started and ready is not None:
-            ready()
-        await task
+        stop = None
+        try:
+            if server.started and on_start is not None:
+                stop = on_start(asyncio.get_running_loop())
+            if server.started and ready is not None:
+                ready()
+        except BaseException:
+            server.should_exit = True
+            await task
+            raise
+        try:
+            await task
+        finally:
+            if stop is not None:
+                stop()
 
     asyncio.run(main())
 

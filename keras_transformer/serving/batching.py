@@ -89,10 +89,12 @@ class BatchScheduler:
             more to join (>= 0).
         max_enqueued_batches: most batches waiting to run (>= 1).
         num_batch_threads: batches that run at once (>= 1).
+        metrics: a `metrics.Metrics` to record each batch's size in, or
+            None.
     """
 
     def __init__(self, max_batch_size=32, batch_timeout_micros=2000,
-                 max_enqueued_batches=64, num_batch_threads=1):
+                 max_enqueued_batches=64, num_batch_threads=1, metrics=None):
         for name, value, low in (("max_batch_size", max_batch_size, 1),
                                  ("batch_timeout_micros", batch_timeout_micros, 0),
                                  ("max_enqueued_batches", max_enqueued_batches, 1),
@@ -103,6 +105,7 @@ class BatchScheduler:
         self.batch_timeout = batch_timeout_micros / 1e6
         self.max_enqueued_batches = max_enqueued_batches
         self.num_batch_threads = num_batch_threads
+        self.metrics = metrics
         self._executor = concurrent.futures.ThreadPoolExecutor(
             num_batch_threads, thread_name_prefix="kt-serve-batch")
         self._waiting = []  # not started, oldest first
@@ -211,6 +214,8 @@ class BatchScheduler:
             self._stats["merged_batches"] += len(batch.items) > 1
             if len(batch.items) > self._largest["requests"]:
                 self._largest = {"requests": len(batch.items), "rows": batch.rows}
+        if self.metrics is not None:
+            self.metrics.observe_batch(batch.rows)
         if done.cancelled():
             error = asyncio.CancelledError()
         else:

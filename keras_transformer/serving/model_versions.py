@@ -1,5 +1,5 @@
-"""The versions of one model that kt-serve serves: TF Serving's default
-policy, the newest version.
+"""The versions of one model that kt-serve serves, chosen by TF Serving's
+version policies: the newest N (default 1), all, or specific versions.
 
 `<base path>/<version>/saved_model.pb` (an integer directory name) is a
 version; other names (`.tmp-*`, `latest`, a directory without
@@ -7,17 +7,29 @@ saved_model.pb) are ignored. `kt-export` writes a version under a temporary
 name and renames it into place, so a version directory that exists is
 complete.
 
-`VersionManager.start()` loads the newest loadable version before the
-server listens. Then a background thread looks at the base path every
-`poll_wait_seconds`; when a version newer than the served one appears it
-loads it (`tf.saved_model.load`, then one warm-up call of `serving_default`
-on a short sentence) while the old one keeps serving, switches to it in one
-assignment, then drops the old one: requests already running on the old
-version finish on it, later ones get the new. A version that fails to load
-is reported (state END, its error) and the old one keeps serving; it is not
-tried again. Versions older than the served one are never loaded.
+`VersionManager.start()` loads the versions its policy wants before the
+server listens (for the newest N, falling back to older versions when a
+newer one fails). Then a background thread looks at the base path every
+`poll_wait_seconds` and moves the served set towards the policy's choice:
+it loads a wanted version (`tf.saved_model.load`, then the export's warm-up
+requests, `assets.extra/tf_serving_warmup_requests`, or one call of
+`serving_default` on a short sentence) while the old ones keep serving,
+adds it in one assignment, and only then drops the versions no longer
+wanted: requests already running on an old version finish on it, later
+ones get the new (TF Serving's availability-preserving policy).
+
+A version that fails to load is retried up to `max_num_load_retries` times,
+`load_retry_interval` seconds apart (TF Serving's `--max_num_load_retries`
+and `--load_retry_interval_micros`), so a version copied in with `cp -r`
+loads once the copy is whole; while it waits its state is LOADING with the
+last error, and after the last try END with the error. The versions served
+meanwhile keep serving.
 """
 
+import collections
+import ctypes
+import ctypes.util
+import gc
 import logging
 import os
 import threading
@@ -87,13 +99,32 @@ class Servable:
         self.examples = read_examples(path)
 
     def warm_up(self):
-        """One call of `serving_default` on a short sentence (if it takes
-        one `text` input), so the first request does not pay for
-        TensorFlow's first-call set-up."""
+        """Replays the export's warm-up requests
+        (`assets.extra/tf_serving_warmup_requests`, TF Serving's format),
+        or else calls `serving_default` once on a short sentence (if it
+        takes one `text` input), so the first request does not pay for
+        TensorFlow's first-call set-up. A warm-up request the model refuses
+        fails the load, as in TF Serving.
+
+        Returns: the number of requests replayed.
+        """
+        from keras_transformer.export.warmup import WARMUP_FILE, read_warmup_file
+
+        path = os.path.join(self.path, "assets.extra", WARMUP_FILE)
+        if os.path.isfile(path):
+            requests = read_warmup_file(path)
+            for signature, inputs in requests:
+                if signature not in self.specs:
+                    raise ValueError(f"{path}: a warm-up request names signature "
+                                     f"'{signature}', which the model does not have.")
+                self.predict(signature, inputs)
+            return len(requests)
         spec = self.specs.get(SERVING_DEFAULT)
         if spec is not None and set(spec.inputs) == {"text"}:
             self.predict(SERVING_DEFAULT,
                          {"text": np.array([WARM_UP_SENTENCE.encode()], object)})
+            return 1
+        return 0
 
     def predict(self, signature, inputs):
         """Runs `signature` on `inputs` (`{name: np.ndarray}` matching its
@@ -135,9 +166,14 @@ def _tf_dtype(tf, spec):
 
 
 def load_servable(path, version):
-    """Loads and warms up the version at `path`."""
+    """Loads and warms up the version at `path`. The servable's
+    `load_seconds` and `warmup_seconds` say how long each took."""
+    start = time.monotonic()
     servable = Servable(path, version)
+    loaded = time.monotonic()
     servable.warm_up()
+    servable.load_seconds = loaded - start
+    servable.warmup_seconds = time.monotonic() - loaded
     return servable
 
 
@@ -148,34 +184,120 @@ def servable_versions(base_path):
             if os.path.isfile(os.path.join(base_path, str(v), "saved_model.pb"))]
 
 
+class VersionPolicy(collections.namedtuple("VersionPolicy", ["kind", "versions"])):
+    """Which versions to serve (TF Serving's `model_version_policy`):
+    `VersionPolicy.latest(n)` the newest n, `VersionPolicy.all()` every
+    one, `VersionPolicy.specific([v, ...])` those listed.
+
+    Example:
+
+    >>> VersionPolicy.latest(2).choose([1, 3, 7])
+    [3, 7]
+    >>> VersionPolicy.specific([1, 5]).choose([1, 3, 7])
+    [1]
+    """
+
+    @classmethod
+    def latest(cls, num_versions=1):
+        if not isinstance(num_versions, int) or num_versions < 1:
+            raise ValueError(f"latest: num_versions must be an int >= 1, received "
+                             f"{num_versions!r}.")
+        return cls("latest", num_versions)
+
+    @classmethod
+    def all(cls):
+        return cls("all", None)
+
+    @classmethod
+    def specific(cls, versions):
+        versions = tuple(sorted(set(int(v) for v in versions)))
+        if not versions:
+            raise ValueError("specific: name at least one version.")
+        return cls("specific", versions)
+
+    def choose(self, found):
+        """The versions of `found` (ints) to serve, sorted."""
+        found = sorted(found)
+        if self.kind == "latest":
+            return found[-self.versions:]
+        if self.kind == "specific":
+            return [v for v in found if v in self.versions]
+        return found
+
+    def __str__(self):
+        if self.kind == "latest":
+            return f"latest {self.versions}"
+        if self.kind == "specific":
+            return "specific " + ", ".join(map(str, self.versions))
+        return "all"
+
+
+def release_memory():
+    """Collects garbage and hands the C allocator's free pages back to the
+    system (glibc's `malloc_trim`), so the memory of an unloaded version
+    does not stay with the process."""
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError, TypeError):  # not glibc
+        return
+    trim(0)
+
+
 class VersionManager:
-    """Serves the newest version under `base_path` (see the module
-    docstring).
+    """Serves the versions under `base_path` that `policy` chooses (see the
+    module docstring).
 
     Args:
         base_path: the model's directory (`saved_models/<name>`).
-        poll_wait_seconds: seconds between looks for a new version; 0 or
-            less: look only at start.
+        poll_wait_seconds: seconds between looks for new versions; 0 or
+            less: look only at start (no retries then).
         load: `(path, version) -> servable`, `load_servable` by default
             (tests pass a fake).
+        policy: a `VersionPolicy` (default: the newest version).
+        max_num_load_retries: tries after a failed load (>= 0).
+        load_retry_interval: seconds between two tries of one version.
+        name: the model's name, for logs and metrics (default: the base
+            path's last component).
+        metrics: a `serving.metrics.Metrics` to record load and warm-up
+            latencies in, or None.
     """
 
-    def __init__(self, base_path, poll_wait_seconds=1.0, load=load_servable):
+    def __init__(self, base_path, poll_wait_seconds=1.0, load=load_servable,
+                 policy=None, max_num_load_retries=5, load_retry_interval=60.0,
+                 name=None, metrics=None):
+        if not isinstance(max_num_load_retries, int) or max_num_load_retries < 0:
+            raise ValueError(f"max_num_load_retries must be an int >= 0, received "
+                             f"{max_num_load_retries!r}.")
+        if load_retry_interval < 0:
+            raise ValueError(f"load_retry_interval must be >= 0, received "
+                             f"{load_retry_interval!r}.")
         self.base_path = os.path.abspath(base_path)
         self.poll_wait_seconds = poll_wait_seconds
+        self.policy = policy or VersionPolicy.latest(1)
+        self.max_num_load_retries = max_num_load_retries
+        self.load_retry_interval = load_retry_interval
+        self.name = name or os.path.basename(self.base_path.rstrip(os.sep))
+        self.metrics = metrics
         self._load = load
-        self._servable = None
+        # version -> servable; replaced whole, never mutated, so a reader
+        # needs no lock.
+        self._servables = {}
         # version -> [state, error message]; guarded by _lock.
         self._states = {}
+        # version -> (failed tries, monotonic time of the last); poller only.
+        self._failures = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = None
 
     def start(self):
-        """Loads the newest loadable version (newest first, falling back to
-        older ones), then starts polling.
+        """Loads the versions the policy wants (for the newest N, falling
+        back to older versions when newer ones fail), then starts polling.
 
-        Returns: the served version (int).
+        Returns: the newest served version (int).
         Raises: `NoServableVersion` naming the base path when no version
         loads.
         """
@@ -191,29 +313,52 @@ class VersionManager:
                 f"No servable version under {self.base_path}: expected integer version "
                 f"directories holding saved_model.pb (e.g. {self.base_path}/1/saved_model.pb)."
                 + hint)
-        for version in reversed(found):
-            if self._try_load(version):
+        failed = set()
+        while True:
+            wanted = self.policy.choose([v for v in found if v not in failed])
+            missing = [v for v in reversed(wanted) if v not in self._servables]
+            if not missing:
                 break
-        if self._servable is None:
-            errors = "; ".join(f"version {v}: {self._states[v][1]}" for v in reversed(found))
+            for version in missing:
+                # Retries wait for the poller, so a broken version never
+                # holds up the start.
+                if not self._try_load(version, retry=self.poll_wait_seconds > 0):
+                    failed.add(version)
+        if not self._servables:
+            if not failed:
+                raise NoServableVersion(
+                    f"No version under {self.base_path} matches the version policy "
+                    f"({self.policy}); versions found: {', '.join(map(str, found))}.")
+            errors = "; ".join(f"version {v}: {self._states[v][1]}" for v in sorted(
+                failed, reverse=True))
             raise NoServableVersion(f"No version under {self.base_path} loads ({errors}).")
         if self.poll_wait_seconds > 0:
             self._thread = threading.Thread(target=self._poll, name="kt-serve-versions",
                                             daemon=True)
             self._thread.start()
-        return self._servable.version
+        return max(self._servables)
 
     def stop(self):
         """Stops polling (a load under way finishes in the background)."""
         self._stop.set()
 
+    def set_policy(self, policy):
+        """Serves by `policy` from the next poll on."""
+        self.policy = policy
+
     def get(self, version=None):
-        """The servable for `version` (None: the newest loaded), or None if
-        that version is not loaded."""
-        servable = self._servable  # one read: a swap may happen meanwhile
-        if servable is None or (version is not None and servable.version != version):
+        """The servable for `version` (None: the newest served), or None if
+        that version is not served."""
+        servables = self._servables  # one read: a swap may happen meanwhile
+        if not servables:
             return None
-        return servable
+        if version is None:
+            return servables[max(servables)]
+        return servables.get(version)
+
+    def served_versions(self):
+        """The versions served now, sorted."""
+        return sorted(self._servables)
 
     def status(self, version=None):
         """`(version, state, error message)` of each version this manager
@@ -228,38 +373,88 @@ class VersionManager:
         with self._lock:
             self._states[version] = [state, error]
 
-    def _try_load(self, version):
-        """Loads `version` and serves it; on failure records the error.
-        Returns whether it loaded."""
+    def _try_load(self, version, retry=True):
+        """Loads `version` and serves it beside the others; on failure
+        records the error (state LOADING while tries are left and `retry`,
+        else END). Returns whether it loaded."""
         path = os.path.join(self.base_path, str(version))
         self._set(version, "LOADING")
-        LOGGER.info("Loading version %d from %s", version, path)
+        LOGGER.info("Loading %s version %d from %s", self.name, version, path)
         start = time.monotonic()
         try:
             servable = self._load(path, version)
         except Exception as e:  # any failure is the version's, reported in its status
-            LOGGER.exception("Version %d failed to load; serving stays as it was", version)
-            self._set(version, "END", f"{type(e).__name__}: {e}")
+            tries, _ = self._failures.get(version, (0, 0.0))
+            tries += 1
+            self._failures[version] = (tries, time.monotonic())
+            left = self.max_num_load_retries + 1 - tries if retry else 0
+            error = f"{type(e).__name__}: {e}"
+            if left > 0:
+                LOGGER.warning("%s version %d failed to load (try %d of %d, next in %g s): %s",
+                               self.name, version, tries, self.max_num_load_retries + 1,
+                               self.load_retry_interval, error)
+                self._set(version, "LOADING", error)
+            else:
+                LOGGER.exception("%s version %d failed to load; serving stays as it was",
+                                 self.name, version)
+                self._set(version, "END", error)
+            if self.metrics is not None:
+                self.metrics.observe_load(path, time.monotonic() - start, None, ok=False)
             return False
-        old, self._servable = self._servable, servable
+        self._failures.pop(version, None)
+        self._servables = {**self._servables, version: servable}
         self._set(version, "AVAILABLE")
-        LOGGER.info("Serving version %d (loaded in %.1f s)", version,
+        LOGGER.info("Serving %s version %d (loaded in %.1f s)", self.name, version,
                     time.monotonic() - start)
-        if old is not None:
-            # Dropping the last reference the server holds unloads it once
-            # the requests still running on it let go of theirs.
-            self._set(old.version, "END")
+        if self.metrics is not None:
+            self.metrics.observe_load(path, getattr(servable, "load_seconds", None),
+                                      getattr(servable, "warmup_seconds", None), ok=True)
         return True
+
+    def _unload(self, versions):
+        """Stops serving `versions`; their memory goes once the requests
+        still running on them let go."""
+        kept = {v: s for v, s in self._servables.items() if v not in versions}
+        self._servables = kept
+        for version in versions:
+            self._set(version, "END")
+            LOGGER.info("Unloaded %s version %d", self.name, version)
+        release_memory()
+
+    def unload_all(self):
+        """Stops serving every version (the model left the config)."""
+        if self._servables:
+            self._unload(list(self._servables))
+
+    def _due(self, version):
+        """Whether `version` may be tried now: never tried, or tries left
+        and the retry interval passed."""
+        tries, last = self._failures.get(version, (0, 0.0))
+        return tries == 0 or (tries <= self.max_num_load_retries
+                              and time.monotonic() - last >= self.load_retry_interval)
+
+    def poll_once(self):
+        """One look at the base path: loads the versions the policy wants
+        that are due (newest first), then unloads the served ones it no
+        longer wants, once one it wants serves. A version removed from
+        disk stops being wanted (for the newest N, an older one then
+        takes its place, as in TF Serving)."""
+        found = servable_versions(self.base_path)
+        given_up = {v for v, (tries, _) in self._failures.items()
+                    if tries > self.max_num_load_retries}
+        wanted = self.policy.choose([v for v in found if v not in given_up])
+        for version in reversed(wanted):
+            if self._stop.is_set():
+                return
+            if version not in self._servables and self._due(version):
+                self._try_load(version)
+        stale = [v for v in self._servables if v not in wanted]
+        if stale and any(v in self._servables for v in wanted):
+            self._unload(stale)
 
     def _poll(self):
         while not self._stop.wait(self.poll_wait_seconds):
             try:
-                found = servable_versions(self.base_path)
-                with self._lock:
-                    tried = set(self._states)
-                current = self._servable.version
-                newer = [v for v in found if v > current and v not in tried]
-                if newer:
-                    self._try_load(newer[-1])
+                self.poll_once()
             except Exception:  # keep polling whatever one look met
                 LOGGER.exception("Looking for new versions under %s failed", self.base_path)

@@ -1,0 +1,233 @@
+"""TF Serving's gRPC API on kt-serve (`--port`): `PredictionService`
+(Predict, GetModelMetadata) and `ModelService` (GetModelStatus), with TF
+Serving's protos from `tensorflow-serving-api` (the `grpc` extra), so TF
+Serving's gRPC clients, and the package's `GrpcClient`, work unchanged.
+
+A Predict runs through the REST server's `ServingApp.run_predict` on its
+event loop: the same limits, queues, batching, deadline and metrics
+(entrypoint "GRPC"). Errors are TF Serving's canonical codes: the REST
+answer's HTTP status maps back to its code (400 INVALID_ARGUMENT, 404
+NOT_FOUND, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED). Classify, Regress,
+MultiInference and HandleReloadConfigRequest answer UNIMPLEMENTED.
+"""
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import time
+
+from keras_transformer.serving.rest_api import DEFAULT_SIGNATURE, RestError
+
+LOGGER = logging.getLogger("kt-serve")
+_STATES = ("UNKNOWN", "START", "LOADING", "AVAILABLE", "UNLOADING", "END")
+
+
+def _imports():
+    try:
+        import grpc
+        import tensorflow as tf
+        from tensorflow_serving.apis import (
+            get_model_metadata_pb2,
+            get_model_status_pb2,
+            model_service_pb2_grpc,
+            predict_pb2,
+            prediction_service_pb2_grpc,
+        )
+    except ImportError:
+        raise ImportError("kt-serve --port (gRPC) needs grpcio and TF Serving's protos: pip "
+                          "install 'attention-transformer-keras[grpc]'") from None
+    return (grpc, tf, get_model_metadata_pb2, get_model_status_pb2, model_service_pb2_grpc,
+            predict_pb2, prediction_service_pb2_grpc)
+
+
+def _model_spec(spec):
+    """(name, version or None, label or None) of a `ModelSpec`."""
+    version = spec.version.value if spec.HasField("version") else None
+    return spec.name, version, spec.version_label or None
+
+
+def _code(grpc, status):
+    from keras_transformer.serving.app import STATUS_CODES
+
+    return getattr(grpc.StatusCode, STATUS_CODES.get(status, "UNKNOWN"))
+
+
+def signature_defs(servable):
+    """The `SignatureDef`s of a servable's SavedModel, read from its
+    `saved_model.pb` (cached on the servable)."""
+    cached = getattr(servable, "_signature_defs", None)
+    if cached is None:
+        from tensorflow.core.protobuf import saved_model_pb2
+
+        saved_model = saved_model_pb2.SavedModel()
+        with open(os.path.join(servable.path, "saved_model.pb"), "rb") as f:
+            saved_model.ParseFromString(f.read())
+        cached = saved_model.meta_graphs[0].signature_def
+        servable._signature_defs = cached
+    return cached
+
+
+class GrpcServices:
+    """The servicers' logic over a `ServingApp` whose coroutines run on
+    `loop`."""
+
+    def __init__(self, serving_app, loop):
+        (self.grpc, self.tf, self.metadata_pb2, self.status_pb2, _, self.predict_pb2,
+         _) = _imports()
+        self.app = serving_app
+        self.loop = loop
+
+    def _on_loop(self, coroutine, context):
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        context.add_callback(future.cancel)  # the client went away or its deadline passed
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            context.abort(self.grpc.StatusCode.CANCELLED, "The request was cancelled.")
+
+    def predict(self, request, context):
+        start = time.monotonic()
+        name = request.model_spec.name
+        status = 500
+        try:
+            response = self._on_loop(self._predict(request, start), context)
+            status = 200
+            return response
+        except RestError as e:
+            status = e.status
+            context.abort(_code(self.grpc, e.status), e.message)
+        finally:
+            from keras_transformer.serving.app import STATUS_CODES
+
+            self.app.metrics.observe_request(
+                name, "OK" if status == 200 else STATUS_CODES.get(status, "UNKNOWN"),
+                (time.monotonic() - start) * 1e6, "GRPC")
+
+    async def _predict(self, request, start):
+        tf = self.tf
+        name, version, label = _model_spec(request.model_spec)
+        servable = self.app.servable(name, version, label)
+        signature = request.model_spec.signature_name or DEFAULT_SIGNATURE
+        spec = servable.specs.get(signature)
+        if spec is None:
+            raise RestError(f"Serving signature name: \"{signature}\" not found in signature "
+                            f"def (signatures: {', '.join(sorted(servable.specs))}).")
+        given, expected = set(request.inputs), set(spec.inputs)
+        if given != expected:
+            missing, extra = sorted(expected - given), sorted(given - expected)
+            raise RestError(f"Signature '{signature}' takes inputs {sorted(expected)}; the "
+                            f"request is missing {missing} and has extra {extra}.")
+        inputs = {}
+        for key, proto in request.inputs.items():
+            want = spec.inputs[key]
+            got = tf.dtypes.as_dtype(proto.dtype).name
+            if got != want.dtype:
+                raise RestError(f"Input '{key}' of signature '{signature}' must be "
+                                f"{want.dtype}, received {got}.")
+            try:
+                value = tf.make_ndarray(proto)
+            except Exception as e:  # a malformed TensorProto is the client's fault
+                raise RestError(f"Input '{key}' is not a valid TensorProto: {e}") from None
+            if value.ndim != len(want.shape) or any(
+                    d is not None and d != n for d, n in zip(want.shape, value.shape)):
+                raise RestError(f"Input '{key}' of signature '{signature}' must have shape "
+                                f"{list(want.shape)}, received {list(value.shape)}.")
+            inputs[key] = value
+        outputs = await self.app.run_predict(servable, name, signature, inputs, start)
+        response = self.predict_pb2.PredictResponse()
+        response.model_spec.name = name
+        response.model_spec.version.value = servable.version
+        response.model_spec.signature_name = signature
+        wanted = set(request.output_filter) or set(outputs)
+        unknown = wanted - set(outputs)
+        if unknown:
+            raise RestError(f"output_filter names {sorted(unknown)}, which signature "
+                            f"'{signature}' does not output ({sorted(outputs)}).")
+        for key in sorted(wanted):
+            response.outputs[key].CopyFrom(tf.make_tensor_proto(outputs[key]))
+        return response
+
+    def get_model_metadata(self, request, context):
+        name, version, label = _model_spec(request.model_spec)
+        fields = list(request.metadata_field)
+        if fields != ["signature_def"]:
+            context.abort(self.grpc.StatusCode.INVALID_ARGUMENT,
+                          f"Metadata field(s) {fields} not supported; ask for "
+                          "['signature_def'].")
+        try:
+            servable = self.app.servable(name, version, label)
+        except RestError as e:
+            context.abort(_code(self.grpc, e.status), e.message)
+        response = self.metadata_pb2.GetModelMetadataResponse()
+        response.model_spec.name = name
+        response.model_spec.version.value = servable.version
+        definitions = self.metadata_pb2.SignatureDefMap()
+        for key, value in signature_defs(servable).items():
+            definitions.signature_def[key].CopyFrom(value)
+        response.metadata["signature_def"].Pack(definitions)
+        return response
+
+    def get_model_status(self, request, context):
+        name, version, label = _model_spec(request.model_spec)
+        try:
+            if label is not None:
+                version = self.app.label_version(name, label)
+        except RestError as e:
+            context.abort(_code(self.grpc, e.status), e.message)
+        manager = self.app.models.get(name)
+        entries = manager.status(version) if manager is not None else []
+        if not entries:
+            context.abort(self.grpc.StatusCode.NOT_FOUND,
+                          f"Could not find any versions of model {name}" if version is None
+                          else f"Could not find version {version} of model {name}")
+        response = self.status_pb2.GetModelStatusResponse()
+        for number, state, error in entries:
+            status = response.model_version_status.add()
+            status.version = number
+            status.state = _STATES.index(state) * 10 if state in _STATES else 0
+            status.status.error_code = 2 if error else 0  # UNKNOWN or OK
+            status.status.error_message = error
+        return response
+
+
+def start_grpc_server(serving_app, loop, host, port, max_workers=16):
+    """Starts the gRPC services of `serving_app` on `host:port` (0: a free
+    port).
+
+    Returns: `(server, port)`; stop it with `server.stop(grace)`.
+    Raises: `ImportError` without the `grpc` extra; `ValueError` when the
+    address cannot be bound.
+    """
+    (grpc, _, _, _, model_service_pb2_grpc, _, prediction_service_pb2_grpc) = _imports()
+    services = GrpcServices(serving_app, loop)
+
+    class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
+        def Predict(self, request, context):  # noqa: N802  (the proto's name)
+            return services.predict(request, context)
+
+        def GetModelMetadata(self, request, context):  # noqa: N802
+            return services.get_model_metadata(request, context)
+
+    class ModelService(model_service_pb2_grpc.ModelServiceServicer):
+        def GetModelStatus(self, request, context):  # noqa: N802
+            return services.get_model_status(request, context)
+
+    limit = serving_app.max_request_bytes
+    server = grpc.server(
+        concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="kt-serve-grpc"),
+        maximum_concurrent_rpcs=serving_app.max_concurrent_requests,
+        options=[("grpc.max_receive_message_length", limit),
+                 ("grpc.so_reuseport", 0)])
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
+        PredictionService(), server)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(), server)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        raise ValueError(f"Cannot listen for gRPC on {address}.")
+    server.start()
+    return server, bound

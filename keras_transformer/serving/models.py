@@ -1,0 +1,259 @@
+"""The models one kt-serve serves: names, their versions (a
+`model_versions.VersionManager` each) and version labels, from the command
+line (one model) or from TF Serving's model config file.
+
+The config file is TF Serving's `ModelServerConfig` in protobuf text format
+(`--model-config-file`, see docs/serving.md)::
+
+    model_config_list {
+      config {
+        name: "demo"
+        base_path: "saved_models/demo"
+        model_platform: "tensorflow"
+        model_version_policy { latest { num_versions: 2 } }
+        version_labels { key: "stable" value: 1 }
+        version_labels { key: "canary" value: 2 }
+      }
+    }
+
+Each `config` is served as its `name`, from `base_path` (relative paths
+are relative to the file's directory), with its version policy (`latest`,
+`all` or `specific`; default the newest version) and labels
+(`/v1/models/NAME/labels/LABEL`). With a poll interval the file is read
+again when it changes: new models load, removed ones unload, and policies
+and labels change in place; a file that no longer parses leaves the served
+models as they were (logged). Parsing needs TF Serving's protos
+(`tensorflow-serving-api`, the `grpc` extra).
+"""
+
+import collections
+import logging
+import os
+import threading
+
+from keras_transformer.serving.model_versions import VersionManager, VersionPolicy
+
+LOGGER = logging.getLogger("kt-serve")
+
+ModelEntry = collections.namedtuple("ModelEntry", ["name", "base_path", "policy", "labels"])
+ModelEntry.__doc__ = """One model of a config file: `name`, `base_path`
+(absolute), `policy` (a `VersionPolicy`) and `labels` (`{label: version}`)."""
+
+
+class ServedModels:
+    """The served models by name, and their version labels.
+
+    Args:
+        managers: `{name: VersionManager}` (started), in the order the
+            playground lists them (the first is its default).
+        labels: `{name: {label: version}}`.
+    """
+
+    def __init__(self, managers, labels=None):
+        self._managers = dict(managers)
+        self._labels = {name: dict(v) for name, v in (labels or {}).items()}
+
+    @property
+    def names(self):
+        return list(self._managers)
+
+    @property
+    def default_name(self):
+        names = self.names
+        return names[0] if names else None
+
+    def get(self, name):
+        """The `VersionManager` of model `name`, or None."""
+        return self._managers.get(name)
+
+    def labels(self, name):
+        """`{label: version}` of model `name`."""
+        return dict(self._labels.get(name, {}))
+
+    def label_version(self, name, label):
+        """The version `label` names for model `name`, or None."""
+        return self._labels.get(name, {}).get(label)
+
+    def managers(self):
+        return list(self._managers.values())
+
+    def replace(self, managers, labels):
+        """Serves `managers` and `labels` from now on (one assignment
+        each; readers never see a half-updated set)."""
+        self._managers = dict(managers)
+        self._labels = {name: dict(v) for name, v in labels.items()}
+
+    def stop(self):
+        for manager in self.managers():
+            manager.stop()
+
+
+def read_model_config(path):
+    """The models of TF Serving's model config file at `path`.
+
+    Returns: a list of `ModelEntry`.
+    Raises: `ValueError` naming the file (and line and column for a syntax
+    error) for a file that does not parse or asks for what kt-serve does
+    not serve; `ImportError` without tensorflow-serving-api.
+    """
+    try:
+        from google.protobuf import text_format
+        from tensorflow_serving.config import model_server_config_pb2
+    except ImportError:
+        raise ImportError("--model-config-file needs TF Serving's protos: pip install "
+                          "'attention-transformer-keras[grpc]'") from None
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    config = model_server_config_pb2.ModelServerConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as e:
+        raise ValueError(f"--model-config-file {path}: {e}") from None
+    if config.WhichOneof("config") == "custom_model_config":
+        raise ValueError(f"--model-config-file {path}: custom_model_config is not served; "
+                         "use model_config_list.")
+    directory = os.path.dirname(os.path.abspath(path))
+    entries, seen = [], set()
+    for i, model in enumerate(config.model_config_list.config):
+        where = f"--model-config-file {path}: config {i + 1}"
+        if not model.name:
+            raise ValueError(f"{where}: name is empty.")
+        where += f" ({model.name})"
+        if model.name in seen:
+            raise ValueError(f"{where}: the name is used twice.")
+        seen.add(model.name)
+        if not model.base_path:
+            raise ValueError(f"{where}: base_path is empty.")
+        if model.model_platform not in ("", "tensorflow"):
+            raise ValueError(f"{where}: model_platform '{model.model_platform}'; kt-serve "
+                             "serves 'tensorflow' SavedModels.")
+        entries.append(ModelEntry(model.name, os.path.join(directory, model.base_path),
+                                  _policy(model.model_version_policy, where),
+                                  dict(model.version_labels)))
+    if not entries:
+        raise ValueError(f"--model-config-file {path}: model_config_list names no model.")
+    return entries
+
+
+def _policy(proto, where):
+    kind = proto.WhichOneof("policy_choice")
+    if kind is None:
+        return VersionPolicy.latest(1)
+    try:
+        if kind == "latest":
+            return VersionPolicy.latest(proto.latest.num_versions or 1)
+        if kind == "specific":
+            return VersionPolicy.specific(proto.specific.versions)
+    except ValueError as e:
+        raise ValueError(f"{where}: model_version_policy {e}") from None
+    return VersionPolicy.all()
+
+
+class ModelConfigWatcher:
+    """Serves the models of a config file and follows its changes.
+
+    Args:
+        path: the config file.
+        models: the `ServedModels` to fill and update.
+        make_manager: `(name, base_path, policy) -> VersionManager`, not
+            started.
+        poll_wait_seconds: seconds between looks at the file; 0 or less:
+            read it only at start.
+    """
+
+    def __init__(self, path, models, make_manager, poll_wait_seconds=0.0):
+        self.path = path
+        self.models = models
+        self._make = make_manager
+        self.poll_wait_seconds = poll_wait_seconds
+        self._entries = {}
+        self._stamp = None
+        self._stop = threading.Event()
+        self._thread = None
+
+    def start(self):
+        """Reads the file and starts every model (each must load).
+
+        Raises: `ValueError` for a bad file, `NoServableVersion` naming the
+        model that has no loadable version.
+        """
+        self._apply(read_model_config(self.path), at_start=True)
+        self._stamp = self._read_stamp()
+        if self.poll_wait_seconds > 0:
+            self._thread = threading.Thread(target=self._poll, name="kt-serve-config",
+                                            daemon=True)
+            self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+
+    def _read_stamp(self):
+        try:
+            with open(self.path, "rb") as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def _apply(self, entries, at_start=False):
+        managers, labels = {}, {}
+        for entry in entries:
+            old = self._entries.get(entry.name)
+            manager = self.models.get(entry.name)
+            if manager is not None and old is not None and old.base_path == entry.base_path:
+                manager.set_policy(entry.policy)
+            else:
+                manager = self._make(entry.name, entry.base_path, entry.policy)
+                try:
+                    manager.start()
+                except Exception as e:
+                    if at_start:
+                        raise type(e)(f"model {entry.name}: {e}") from None
+                    LOGGER.error("Model %s from %s does not load: %s", entry.name,
+                                 self.path, e)
+                    continue
+            managers[entry.name] = manager
+            labels[entry.name] = entry.labels
+        dropped = [m for name, m in ((n, self.models.get(n)) for n in self.models.names)
+                   if name not in managers or managers[name] is not m]
+        self.models.replace(managers, labels)
+        for manager in dropped:
+            manager.stop()
+            manager.unload_all()
+        self._entries = {e.name: e for e in entries if e.name in managers}
+
+    def _poll(self):
+        while not self._stop.wait(self.poll_wait_seconds):
+            stamp = self._read_stamp()
+            if stamp is None or stamp == self._stamp:
+                continue
+            self._stamp = stamp
+            try:
+                entries = read_model_config(self.path)
+            except Exception as e:  # keep serving what was served
+                LOGGER.error("The model config file changed but is not used: %s", e)
+                continue
+            LOGGER.info("Reloading the model config file %s", self.path)
+            self._apply(entries)
+            for manager in self.models.managers():
+                try:
+                    manager.poll_once()
+                except Exception:
+                    LOGGER.exception("Applying the new version policy of %s failed",
+                                     manager.name)
+
+
+def single_model(name, manager):
+    """`ServedModels` of one model (the command line's `--model-name`)."""
+    return ServedModels({name: manager})
+
+
+def manager_factory(poll_wait_seconds, max_num_load_retries, load_retry_interval,
+                    metrics=None, load=None):
+    """A `make_manager` for `ModelConfigWatcher` with these settings."""
+    def make(name, base_path, policy):
+        options = {} if load is None else {"load": load}
+        return VersionManager(base_path, poll_wait_seconds, policy=policy,
+                              max_num_load_retries=max_num_load_retries,
+                              load_retry_interval=load_retry_interval, name=name,
+                              metrics=metrics, **options)
+    return make
