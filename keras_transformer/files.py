@@ -1,13 +1,21 @@
 """Writing files so that nothing is lost or hidden: `write_atomically`
-(a temporary name, fsync, a rename), and modes that honour the process's
+(a temporary name, fsync, a rename) and `replace_directory` (the same for a
+whole directory), and modes that honour the process's
 umask for what is written through temporary names (`tempfile.mkstemp`
 makes files 0600 and `tempfile.mkdtemp` directories 0700, whatever the
 umask), so that a SavedModel or a run directory is readable by whom the
 umask allows: TF Serving under another uid, a teammate."""
 
+import ctypes
+import errno
 import os
 import re
+import shutil
 import tempfile
+
+# renameat2(2)'s flag that swaps two existing names in one step (Linux).
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
 
 
 def current_umask():
@@ -67,3 +75,60 @@ def fsync_directory(path):
         pass  # some file systems refuse fsync on a directory
     finally:
         os.close(fd)
+
+
+def replace_directory(new, path):
+    """Puts the complete directory `new` at `path` and deletes the directory
+    that was there, so that a reader never finds a partial directory at
+    `path`, even after `kill -9`: `new`'s files and entries are flushed to
+    disk first, then `new` is renamed to `path`. Where Linux swaps two names
+    in one step (`renameat2` with `RENAME_EXCHANGE`) a crash leaves the old
+    directory or the new one at `path`, never neither; elsewhere the old one
+    is renamed aside to `<new>.old` first, and a crash between the two
+    renames leaves both under those temporary names and nothing at `path`."""
+    _fsync_tree(new)
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(path):
+        os.rename(new, path)
+        fsync_directory(parent)
+        return
+    old = new
+    if not _exchange(new, path):
+        old = new + ".old"
+        os.rename(path, old)
+        try:
+            os.rename(new, path)
+        except BaseException:
+            os.rename(old, path)
+            raise
+    # Made durable before the old files go, so a crash cannot bring back
+    # the old name over a half-deleted directory.
+    fsync_directory(parent)
+    shutil.rmtree(old)
+
+
+def _exchange(a, b):
+    """Swaps the names `a` and `b` in one step; False where the system or
+    the file system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), a, None, b)
+
+
+def _fsync_tree(root):
+    """Flushes every file and directory entry under `root` to disk."""
+    for directory, _, names in os.walk(root, topdown=False):
+        for name in names:
+            fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_directory(directory)

@@ -234,7 +234,7 @@ class RunDirectory:
         """The contents of `averaged/sources.json` (see
         `training.checkpoints.average_checkpoints`), or None when it is
         missing or describes another averaged checkpoint than the current one
-        (a crash between the two writes)."""
+        (left by an older version, which wrote the two in place)."""
         averaged = self.averaged_checkpoint()
         path = self.averaged_sources_path
         if averaged is None or not os.path.exists(path):

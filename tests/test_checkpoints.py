@@ -1,4 +1,6 @@
 import json
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -6,8 +8,10 @@ import tensorflow as tf
 
 import keras
 import keras_transformer as kt
+from keras_transformer import files
 from keras_transformer.run_directory import RunDirectory
 from keras_transformer.training import callbacks as cb
+from keras_transformer.training import checkpoints
 from keras_transformer.training.checkpoints import (
     CheckpointWriter, StepCheckpoint, average_checkpoints, build_for_restore, optimizer_step)
 from support.common import random_ids
@@ -124,3 +128,53 @@ def test_averaged_checkpoint_is_the_elementwise_mean(tmp_path, tiny_config):
     # A path is not guessed into a run directory: the error says what to pass.
     with pytest.raises(TypeError, match=r"RunDirectory\("):
         average_checkpoints(run.path, 3)
+
+
+def directory_bytes(path):
+    return {name: open(os.path.join(path, name), "rb").read() for name in os.listdir(path)}
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "rename-aside"])
+def test_a_failed_average_leaves_the_previous_one_whole(tmp_path, tiny_config, monkeypatch,
+                                                        exchange):
+    if not exchange:  # where the system cannot swap two names in one step
+        monkeypatch.setattr(files, "_exchange", lambda a, b: False)
+    run = RunDirectory(str(tmp_path / "run"))
+    run.save_config(tiny_config)
+    model, optimizer = compiled(tiny_config)
+    writer = CheckpointWriter(model, optimizer, run.checkpoint_dir, max_to_keep=5)
+    for step in range(3):
+        model.fit(dataset(1, first_seed=step), epochs=1, verbose=0, shuffle=False)
+        writer.save()
+    # A process killed while averaging left a temporary directory: it is
+    # removed by the next averaging.
+    os.makedirs(os.path.join(run.path, ".tmp-averaged-killed", "x"))
+    previous_umask = os.umask(0o022)
+    try:
+        output, _ = average_checkpoints(run, 2)
+    finally:
+        os.umask(previous_umask)
+    assert output == os.path.join(run.averaged_dir, "ckpt-3")
+    assert sorted(os.listdir(run.path)) == ["averaged", "checkpoints", "config.json"]
+    assert stat.S_IMODE(os.stat(run.averaged_dir).st_mode) == 0o755
+    assert all(stat.S_IMODE(os.stat(os.path.join(run.averaged_dir, name)).st_mode) == 0o644
+               for name in os.listdir(run.averaged_dir))
+    # The `checkpoint` state names the final place, not the temporary one.
+    assert run.resolve_checkpoint("averaged")[0] == output
+    assert ".tmp-" not in (tmp_path / "run" / "averaged" / "checkpoint").read_text()
+    before = directory_bytes(run.averaged_dir)
+    resolved = run.resolve_checkpoint("averaged")
+
+    # Another average fails after its checkpoint is written, while writing
+    # its sources.json.
+    def disk_full(path, data):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoints, "write_atomically", disk_full)
+    with pytest.raises(OSError, match="disk full"):
+        average_checkpoints(run, 0, checkpoints=["ckpt-1", "ckpt-2"])
+    assert directory_bytes(run.averaged_dir) == before
+    assert run.resolve_checkpoint("averaged") == resolved
+    assert run.averaged_sources()["sources"][-1]["step"] == 3
+    run.load_model("averaged", quiet=True)
+    assert sorted(os.listdir(run.path)) == ["averaged", "checkpoints", "config.json"]

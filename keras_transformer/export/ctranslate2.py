@@ -57,7 +57,7 @@ from keras_transformer.decoding.transformer_search import (
     DEFAULT_EXTRA_LENGTH,
 )
 from keras_transformer.export.engine import TranslationEngine
-from keras_transformer.files import honour_umask
+from keras_transformer.files import honour_umask, replace_directory
 from keras_transformer.tokenizer import ADDED_PAD_PIECE, sentencepiece_ids
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32")
@@ -275,25 +275,11 @@ def export_ctranslate2(model, source_tokenizer, target_tokenizer, output_dir,
         with open(os.path.join(tmp, METADATA_FILE), "w", encoding="utf-8") as f:
             json.dump(metadata, f, indent=2, sort_keys=True)
         honour_umask(tmp)  # mkdtemp's 0700 would keep other users out
-        _replace_directory(tmp, output_dir)
+        replace_directory(tmp, output_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return output_dir
-
-
-def _replace_directory(new, path):
-    """Renames `new` to `path`; an existing `path` is moved aside first and
-    removed after, so `path` is never a partly written model."""
-    old = None
-    if os.path.exists(path):
-        old = tempfile.mkdtemp(dir=os.path.dirname(path),
-                               prefix=f".old-{os.path.basename(path)}-")
-        os.rmdir(old)
-        os.rename(path, old)
-    os.rename(new, path)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _numpy(variable):

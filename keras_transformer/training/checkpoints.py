@@ -13,16 +13,18 @@ calls it for the `best:K` and `last:K` selectors (so this module does not
 import `run_directory`).
 """
 
+import glob
 import json
 import os
 import re
 import shutil
+import tempfile
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_transformer.files import write_atomically
+from keras_transformer.files import honour_umask, replace_directory, write_atomically
 from keras_transformer.training.strategy import is_chief, worker_id
 from keras_transformer.transformer import Transformer
 
@@ -137,7 +139,7 @@ def average_checkpoints(run_dir, num_checkpoints, checkpoints=None, allow_fewer=
     """Averages the weights of `num_checkpoints` checkpoints of a run (paper
     6.1: the last 5 for base, 20 for big) and writes the result to
     `run_dir/averaged/ckpt-<newest averaged step>` (model only, no
-    optimizer), then `averaged/sources.json`.
+    optimizer), with `averaged/sources.json`.
 
     Args:
         run_dir: the run's `keras_transformer.run_directory.RunDirectory`
@@ -156,10 +158,13 @@ def average_checkpoints(run_dir, num_checkpoints, checkpoints=None, allow_fewer=
     run directory when inside it, `step`; for "best" also `value` and `rank`),
     `metric` (for "best") and `newest_training_step` (the newest training
     checkpoint when averaging, None without one): `RunDirectory` compares it
-    with later training checkpoints to tell a stale average. The old
-    `sources.json` is removed before the new checkpoint is written, so a crash
-    in between leaves an average with no record (treated as unknown), never a
-    wrong record.
+    with later training checkpoints to tell a stale average.
+
+    The new `averaged/` is built whole under a temporary name in the run
+    directory (`.tmp-averaged-*`, which readers ignore and the next
+    averaging removes) and swapped in by rename (`files.replace_directory`),
+    so a crash or an error leaves the previous `averaged/` as it was, never a
+    mix of the two or a checkpoint that `sources.json` does not describe.
 
     Returns: `(output prefix, averaged prefixes)`. Floating-point weights are
     averaged in float64 and cast back; integer variables (e.g. dropout seed
@@ -182,14 +187,26 @@ def average_checkpoints(run_dir, num_checkpoints, checkpoints=None, allow_fewer=
     model.build()
     holder = tf.train.Checkpoint(model=model)
     _assign_mean(model, holder, checkpoints)
-    sources_path = run.averaged_sources_path
-    if os.path.exists(sources_path):
-        os.remove(sources_path)
-    manager = tf.train.CheckpointManager(holder, run.averaged_dir, max_to_keep=1,
-                                         checkpoint_name="ckpt")
-    output = manager.save(checkpoint_number=checkpoint_step(checkpoints[-1]))
-    record = _sources_record(run, output, chosen, checkpoints, best)
-    write_atomically(sources_path, (json.dumps(record, indent=2) + "\n").encode("utf-8"))
+    temporary = f".tmp-{os.path.basename(run.averaged_dir)}-"
+    # Left by a process killed while averaging.
+    for stale in glob.glob(os.path.join(glob.escape(run.path), temporary + "*")):
+        shutil.rmtree(stale, ignore_errors=True)
+    building = tempfile.mkdtemp(prefix=temporary, dir=run.path)
+    try:
+        honour_umask(building)  # mkdtemp's 0700 would hide averaged/ from other users
+        # The manager's `checkpoint` file names the checkpoint relative to its
+        # directory, so it stays right after the rename.
+        manager = tf.train.CheckpointManager(holder, building, max_to_keep=1,
+                                             checkpoint_name="ckpt")
+        saved = manager.save(checkpoint_number=checkpoint_step(checkpoints[-1]))
+        output = os.path.join(run.averaged_dir, os.path.basename(saved))
+        record = _sources_record(run, output, chosen, checkpoints, best)
+        write_atomically(os.path.join(building, os.path.basename(run.averaged_sources_path)),
+                         (json.dumps(record, indent=2) + "\n").encode("utf-8"))
+        replace_directory(building, run.averaged_dir)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
     return output, checkpoints
 
 
