@@ -10,6 +10,7 @@ import re
 import sys
 
 import pytest
+import sacrebleu
 
 from support.demo_run import run_demo as run_kt_demo
 from support.demo_run import tiny_demo
@@ -39,15 +40,24 @@ def test_demo_runs_end_to_end(tmp_path_factory):
     out, err = demo["stdout"], demo["stderr"]
     bleu = check_run(demo["returncode"], out, err)
     saved_models, run_dir = demo["saved_models"], demo["run_dir"]
-    assert 0.0 <= bleu <= 100.0
-    assert "BLEU|nrefs:1" in out and "chrF2|" in out  # sacreBLEU signatures
-    assert os.path.isfile(os.path.join(saved_models, "demo", "1", "saved_model.pb"))
-    # The export carries held-out sentences for the playground to offer.
+    assert "chrF2|" in out  # sacreBLEU signatures
     from keras_transformer.data.synthetic import builtin_source
     from keras_transformer.export import read_examples
 
-    held_out = [s.decode() for s, _ in builtin_source("", "test", "en", "synth").take(8)
-                .as_numpy_iterator()]
+    test = list(builtin_source("", "test", "en", "synth").take(8).as_numpy_iterator())
+    held_out = [s.decode() for s, _ in test]
+    # A dozen updates teach the tiny model nothing (BLEU 0.0), so the
+    # README's 92.58 is test_demo_reaches_high_bleu's to check; here the
+    # summary's test BLEU is, as the README shows it, sacreBLEU's score of
+    # the 8 held-out sentences against their references, to its 0.1 rounding.
+    scored = re.search(r"^BLEU\|nrefs:1\|\S* = ([\d.]+) .* ref_len = (\d+)\)$", out, re.M)
+    assert scored, out[-3000:]
+    references = [t.decode() for _, t in test]
+    assert int(scored.group(2)) == sacrebleu.corpus_bleu(references, [references]).ref_len
+    assert abs(bleu - float(scored.group(1))) <= 0.05 + 1e-9, (bleu, scored.group(0))
+    assert "test BLEU" in out and "(sacreBLEU, 8 held-out sentences)" in out
+    assert os.path.isfile(os.path.join(saved_models, "demo", "1", "saved_model.pb"))
+    # The export carries held-out sentences for the playground to offer.
     assert read_examples(os.path.join(saved_models, "demo", "1")) == held_out
     pictures = sorted(os.listdir(os.path.join(run_dir, "pictures")))
     assert "attention_decoder_cross.png" in pictures and "positional_encoding.png" in pictures
@@ -89,7 +99,10 @@ DEMO_MIN_BLEU = 85.0
 @pytest.mark.slow
 def test_demo_reaches_high_bleu(tmp_path):
     _, bleu, _ = run_demo(tmp_path, timeout=3600)
-    assert bleu >= DEMO_MIN_BLEU
+    assert bleu >= DEMO_MIN_BLEU, (
+        f"test BLEU {bleu} < {DEMO_MIN_BLEU}: the README's demo scores 92.58 (AVX-512) and "
+        f"95.23 (AVX2), seeds 92.04-94.28 (docs/performance.md); the floor is 7 below the "
+        f"lowest, far above the no-positions control's 19.0 (docs/data.md)")
 
 
 @pytest.mark.slow

@@ -1,3 +1,7 @@
+import builtins
+import errno
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -44,13 +48,57 @@ def test_detokenize_stops_at_eos_and_drops_padding(tokenizer):
     assert tokenizer.detokenize(padded).numpy()[0] == b"Two dogs"
 
 
-def test_saves_atomically_and_reloads(tmp_path, tokenizer):
+class FailsMidway:
+    """A file opened for writing whose `write` writes the first half of its
+    bytes, then fails as a full disk does."""
+
+    def __init__(self, file):
+        self.file = file
+
+    def write(self, data):
+        self.file.write(data[:len(data) // 2])
+        self.file.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.file.close()
+
+
+def failing_midway(opener):
+    """`open` or `os.fdopen` whose files opened for writing fail midway."""
+    def opened(file, mode="r", *args, **kwargs):
+        f = opener(file, mode, *args, **kwargs)
+        return FailsMidway(f) if set(mode) & set("wax+") else f
+    return opened
+
+
+def test_saves_atomically_and_reloads(tmp_path, tokenizer, monkeypatch):
     path = tmp_path / "run" / "vocab.model"
     tokenizer.save(str(path))
+    saved = path.read_bytes()
+    assert saved == tokenizer.model_proto
+    # Saving another vocabulary over it fails after half of its bytes are
+    # written, whichever way the file is opened.
+    other = SubwordTokenizer(train_sentencepiece(CORPUS + ["Drei Katzen schlafen."] * 40,
+                                                 vocab_size=400))
+    assert other.model_proto != saved
+    with monkeypatch.context() as m:
+        m.setattr(builtins, "open", failing_midway(builtins.open))
+        m.setattr(os, "fdopen", failing_midway(os.fdopen))
+        with pytest.raises(OSError, match="No space left"):
+            other.save(str(path))
+    assert path.read_bytes() == saved  # the previous vocabulary, whole
+    assert [p.name for p in path.parent.iterdir()] == ["vocab.model"]  # no temporary file
     reloaded = SubwordTokenizer.from_file(str(path))
-    assert [p.name for p in path.parent.iterdir()] == ["vocab.model"]
     text = tf.constant(["The girls cross the street."])
-    np.testing.assert_array_equal(reloaded.tokenize(text).to_list(), tokenizer.tokenize(text).to_list())
+    np.testing.assert_array_equal(reloaded.tokenize(text).to_list(),
+                                  tokenizer.tokenize(text).to_list())
 
 
 def test_rejects_a_bad_model():
