@@ -27,6 +27,8 @@ SUBCOMMANDS = {
     "fast-paths": ("fast_paths", "what each TensorFlow-only fast path gains on a "
                                  "training step"),
     "serve-load": ("serve_load", "kt-serve under load and faults, batching on and off"),
+    "serve-engines": ("serve_engines", "kt-serve on the SavedModel and on CTranslate2: "
+                                       "agreement, server overhead, load"),
     "search-quality": ("search_quality", "beam search vs exhaustive search, and Model Garden's"),
     "jax": ("jax_benchmark", "training and search speed with KERAS_BACKEND=jax, "
                              "no TensorFlow"),

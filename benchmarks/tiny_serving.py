@@ -57,6 +57,21 @@ def export_tiny_model(directory, name="tiny", version=None, examples=None, seed=
                              examples=examples)
 
 
+def export_tiny_ctranslate2(directory, name="tiny", version=1, examples=None,
+                            seed=20261126, quantization="float32"):
+    """`export_tiny_model`'s model (the same weights for the same `seed`)
+    as a CTranslate2 export, `<directory>/<name>/<version>/`, with the
+    same search defaults. Returns the version directory's path (str)."""
+    from keras_transformer.export.ctranslate2 import export_ctranslate2
+
+    translator, model = _tiny_translator(seed)
+    return export_ctranslate2(
+        model, translator.tokenizer, translator.tokenizer,
+        os.path.join(str(directory), name, str(version)), quantization=quantization,
+        beam_size=translator.beam_size, alpha=translator.alpha,
+        extra_length=translator.extra_length, examples=examples)
+
+
 def export_tiny_versions(directory, seeds, name="tiny", examples=None):
     """Exports versions 1, 2, ... of `<directory>/<name>/`, one per seed:
     each the model `export_tiny_model` builds from that seed. Faster than

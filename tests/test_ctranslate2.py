@@ -330,10 +330,15 @@ def test_beam_search_at_alpha_0_against_the_package(eos_model):
             [pieces(source, sentence)], beam_size=4, max_decoding_length=limit,
             min_decoding_length=0, return_scores=True, length_penalty=0.0)[0]
         got = [translator._target_ids[t] for t in result.hypotheses[0]]
+        assert len(got) <= limit and len(expected) < limit
+        if len(got) == limit:
+            # The text engine ends a hypothesis at the limit with eos, as
+            # the package does: its first limit - 1 tokens, rescored.
+            assert texts[i] == source.processor.decode(got[:limit - 1])
+            continue
         # The text engine batches by limit: the same search.
         assert texts[i] == source.processor.decode(got)
         assert ct2_scores[i] == pytest.approx(result.scores[0], abs=1e-5)
-        assert len(got) <= limit and len(expected) < limit
         if got == expected:
             assert result.scores[0] == pytest.approx(float(scores[i, 0]), rel=1e-5, abs=1e-4)
             same += 1
@@ -460,7 +465,7 @@ def run_and_export(tmp_path_factory):
 
 def test_kt_export_writes_the_ctranslate2_directory(run_and_export):
     tmp_path, path, run = (run_and_export[k] for k in ("tmp_path", "path", "run"))
-    assert path == str(tmp_path / "out" / "de_en_ct2")
+    assert path == str(tmp_path / "out" / "de_en_ct2" / "1")
     assert run_and_export["printed"] == path + "\n"
     metadata = read_ctranslate2_metadata(path)
     assert metadata["defaults"] == {"beam_size": 2, "alpha": 0.6, "extra_length": 3}
@@ -556,8 +561,6 @@ def test_command_line_errors(run_and_export, capsys):
     cases = [
         (export, ["--run-dir", run.path, "--quantization", "int8"],
          "--quantization applies to --format ctranslate2"),
-        (export, ["--run-dir", run.path, "--format", "ctranslate2", "--version", "2"],
-         "--version applies to --format saved_model"),
         (export, ["--run-dir", run.path, "--format", "ctranslate2", "--quantization", "int4"],
          "invalid choice: 'int4'"),
         (translate, ["--run-dir", run.path, "--input", str(source), "--compute-type", "int8"],
@@ -576,6 +579,11 @@ def test_command_line_errors(run_and_export, capsys):
          "--threads must be at least 1"),
         (translate, ["--engine", "onnx", "--run-dir", run.path], "invalid choice: 'onnx'"),
     ]
+    # A served version is never rewritten: the export's own version again.
+    version = os.path.basename(path)
+    assert export.main(["--run-dir", run.path, "--output-dir", os.path.dirname(
+        os.path.dirname(path)), "--format", "ctranslate2", "--version", version]) == 2
+    assert "exists: a served version is never rewritten" in capsys.readouterr().err
     for command, argv, message in cases:
         with pytest.raises(SystemExit) as exit_info:
             command.main(argv)

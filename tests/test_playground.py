@@ -312,3 +312,41 @@ def test_errors_are_shown(browser, server, info):
     assert 400 <= status < 500 and body["error"]
     assert body["error"] in error_text(browser)
     assert browser.find_elements(By.CSS_SELECTOR, "#nbest .hypothesis") == []
+
+
+def test_the_playground_works_on_a_ctranslate2_export(browser, tmp_path_factory):
+    """kt-serve on a CTranslate2 export: the page shows the n-best list and
+    scores and says the alignment view is absent, without an error."""
+    import requests
+    from selenium.webdriver.common.by import By
+
+    pytest.importorskip("ctranslate2")
+    from benchmarks.tiny_serving import export_tiny_ctranslate2
+
+    base = tmp_path_factory.mktemp("ct2-playground")
+    path = export_tiny_ctranslate2(base, name="tiny", examples=["the dog sees a cat"])
+    process, url = start_server(["--model-name", "tiny", "--model-base-path",
+                                 os.path.dirname(path)])
+    try:
+        info = requests.get(url + "/playground/info", timeout=30).json()
+        assert info["engine"] == "ctranslate2"
+        open_page(browser, (url, "tiny"), info)
+        assert "CTranslate2" in browser.find_element(By.ID, "model").text
+        browser.find_elements(By.CSS_SELECTOR, "#examples .example")[0].click()
+        state = wait_for_results(browser, "the dog sees a cat")
+        assert state == "done", error_text(browser)
+        assert error_text(browser) == ""
+        items = browser.find_elements(By.CSS_SELECTOR, "#nbest .hypothesis")
+        assert len(items) == info["beam_size"]
+        answer = requests.post(f"{url}/v1/models/tiny:predict", timeout=60, json={
+            "signature_name": "translate_nbest",
+            "inputs": {"text": ["the dog sees a cat"], "n": info["beam_size"],
+                       "beam_size": info["beam_size"], "alpha": info["alpha"],
+                       "extra_length": info["extra_length"]}}).json()["outputs"]
+        scores = [float(i.find_element(By.CLASS_NAME, "score").get_attribute("data-score"))
+                  for i in items]
+        assert scores == pytest.approx(answer["scores"][0], rel=RTOL)
+        severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        assert severe == []
+    finally:
+        stop_server(process)

@@ -3,7 +3,8 @@ default limits (body and header deadlines shortened so the test takes
 seconds): each gets a 4xx, or a 503 for overload, within seconds; none gets
 a 5xx; the server lives on, logs no traceback, and its resident memory
 stays within `MEMORY_BOUND_MIB` of what it was after its first answer. The
-gRPC API (`--port`) answers what REST answers and meets the same limits."""
+gRPC API (`--port`) answers what REST answers and meets the same limits.
+Every test runs with both engines, the SavedModel and CTranslate2."""
 
 import concurrent.futures
 import json
@@ -32,9 +33,18 @@ def rss_mib(pid):
     raise RuntimeError("no VmRSS")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    export = export_tiny_model(tmp_path_factory.mktemp("abuse"), name=NAME)
+@pytest.fixture(scope="module", params=["savedmodel", "ctranslate2"])
+def server(request, tmp_path_factory):
+    """kt-serve on the tiny export, a SavedModel or a CTranslate2 export of
+    the same weights (every test runs against both engines)."""
+    directory = tmp_path_factory.mktemp("abuse")
+    if request.param == "ctranslate2":
+        pytest.importorskip("ctranslate2")
+        from benchmarks.tiny_serving import export_tiny_ctranslate2
+
+        export = export_tiny_ctranslate2(directory, name=NAME)
+    else:
+        export = export_tiny_model(directory, name=NAME)
     grpc = ["--port", "0"] if _has_tf_serving() else []
     process, url = start_server(["--model-name", NAME, "--model-base-path",
                                  os.path.dirname(export),

@@ -22,10 +22,11 @@ CTranslate2's CPU engine (needs `pip install ctranslate2`; see
 
     kt-export --run-dir runs/base --name de_en --format ctranslate2 \\
         --quantization int8
-    # -> saved_models/de_en_ct2/  (the model, its vocabularies, the
-    #    SentencePiece model(s), keras_transformer.json; written to a
-    #    temporary directory and renamed, replacing an older one)
+    # -> saved_models/de_en_ct2/<next version>/  (the model, its
+    #    vocabularies, the SentencePiece model(s), keras_transformer.json;
+    #    written to a temporary directory and renamed)
     kt-translate --ctranslate2-model saved_models/de_en_ct2 --input test.de
+    kt-serve --model-name de_en --model-base-path saved_models/de_en_ct2
 
 --quantization is float32 (default, exact), int8 or int8_float32 (int8
 weights). --beam-size, --alpha and --extra-length become the directory's
@@ -100,9 +101,6 @@ def check_arguments(parser, args):
     """`parser.error` (exit status 2, naming the flag) for flags that do not
     apply to the chosen --format."""
     if args.format == "ctranslate2":
-        for flag, value in (("--version", args.version), ("--examples", args.examples)):
-            if value is not None:
-                parser.error(f"{flag} applies to --format saved_model, not ctranslate2")
         require_ctranslate2(parser)
         if args.xla_column_blocks != 1:
             parser.error("--xla-column-blocks applies to --format saved_model, not ctranslate2")
@@ -130,26 +128,32 @@ def export(argv=None):
     # stderr: stdout is the SavedModel's path alone, for scripts.
     print(f"Exporting {reason}", file=sys.stderr, flush=True)
     name = args.name or os.path.basename(os.path.normpath(args.run_dir))
+    examples = None
+    if args.examples:
+        examples = [line.decode("utf-8", "replace").strip()
+                    for line in read_lines(args.examples)]
+        examples = [line for line in examples if line][:MAX_EXAMPLES]
     if args.format == "ctranslate2":
         from keras_transformer.export.ctranslate2 import export_ctranslate2
+        from keras_transformer.export.saved_model import versions
 
         model = run.load_model(prefix, quiet=True)
         source, target = run.load_tokenizers()
+        base = os.path.join(args.output_dir, f"{name}_ct2")
+        version = args.version or max(versions(base), default=0) + 1
+        if os.path.exists(os.path.join(base, str(version))):
+            raise ValueError(f"{base}/{version} exists: a served version is never "
+                             "rewritten; export a new --version.")
         path = export_ctranslate2(
-            model, source, target, os.path.join(args.output_dir, f"{name}_ct2"),
+            model, source, target, os.path.join(base, str(version)),
             quantization=args.quantization or "float32", beam_size=args.beam_size,
-            alpha=args.alpha, extra_length=args.extra_length)
+            alpha=args.alpha, extra_length=args.extra_length, examples=examples)
         print(path)
         return path
     translator = translator_from_run_directory(
         run, prefix, beam_size=args.beam_size, alpha=args.alpha,
         extra_length=args.extra_length, xla_column_blocks=args.xla_column_blocks,
     )
-    examples = None
-    if args.examples:
-        examples = [line.decode("utf-8", "replace").strip()
-                    for line in read_lines(args.examples)]
-        examples = [line for line in examples if line][:MAX_EXAMPLES]
     path = export_translator(translator, args.output_dir, name, args.version,
                              examples=examples)
     print(path)

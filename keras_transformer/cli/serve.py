@@ -70,6 +70,22 @@ def build_parser():
     models.add_argument("--load-retry-interval-micros", type=_at_least(0),
                         default=limits.DEFAULT_LOAD_RETRY_INTERVAL_MICROS,
                         help="microseconds between two tries (default: %(default)s)")
+    engine = parser.add_argument_group("engine")
+    engine.add_argument("--engine", choices=("auto", "savedmodel", "ctranslate2"),
+                        default="auto",
+                        help="what serves a version: auto (by what its directory holds: "
+                        "saved_model.pb or a CTranslate2 export), savedmodel or ctranslate2 "
+                        "(default: %(default)s)")
+    engine.add_argument("--ctranslate2-compute-type", default="default",
+                        help="CTranslate2's compute type: default (as exported: float32, or "
+                        "int8_float32 for an int8 export), float32, int8, int8_float32 "
+                        "(default: %(default)s)")
+    engine.add_argument("--ctranslate2-threads", type=_at_least(0), default=1,
+                        help="CTranslate2's threads per search, intra_threads; 0: its "
+                        "default (default: %(default)s)")
+    engine.add_argument("--ctranslate2-inter-threads", type=_at_least(1), default=1,
+                        help="CTranslate2 searches that run at once, inter_threads "
+                        "(default: %(default)s)")
     parser.add_argument("--rest-api-port", type=_at_least(0), default=8501,
                         help="port to listen on; 0 picks a free one (default: %(default)s)")
     parser.add_argument("--rest-api-host", default="127.0.0.1",
@@ -185,14 +201,17 @@ def serve(argv=None):
         ModelConfigWatcher,
         ServedModels,
         manager_factory,
+        version_loader,
     )
 
     configure_logging()
     metrics_path = _metrics_path(args.monitoring_config_file)
     metrics = Metrics()
+    load = version_loader(args.engine, args.ctranslate2_compute_type, args.ctranslate2_threads,
+                          args.ctranslate2_inter_threads)
     make_manager = manager_factory(args.file_system_poll_wait_seconds,
                                    args.max_num_load_retries,
-                                   args.load_retry_interval_micros / 1e6, metrics)
+                                   args.load_retry_interval_micros / 1e6, metrics, load=load)
     models = ServedModels({})
     watcher = None
     sock = bind(args.rest_api_host, args.rest_api_port)

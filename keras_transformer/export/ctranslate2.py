@@ -20,6 +20,10 @@ Layout of an export directory::
     shared.spm                      the SentencePiece model (or source.spm and
                                     target.spm when the vocabularies are separate)
     keras_transformer.json          what was exported (`read_ctranslate2_metadata`)
+    examples.json                   example sentences for kt-serve (optional)
+
+kt-export writes it as a version, `<output-dir>/<name>_ct2/<version>/`, the
+layout kt-serve serves; `CTranslate2Translator` takes either directory.
 
 How the model maps onto CTranslate2 (every mapping is exact in float32):
 
@@ -191,7 +195,7 @@ def check_exportable(config, source, target, quantization="float32"):
 
 def export_ctranslate2(model, source_tokenizer, target_tokenizer, output_dir,
                        quantization="float32", beam_size=DEFAULT_BEAM_SIZE,
-                       alpha=DEFAULT_ALPHA, extra_length=DEFAULT_EXTRA_LENGTH):
+                       alpha=DEFAULT_ALPHA, extra_length=DEFAULT_EXTRA_LENGTH, examples=None):
     """Writes `model` as a CTranslate2 model directory (layout: the module
     docstring), atomically: into a temporary directory beside `output_dir`,
     then renamed. An existing `output_dir` is replaced once the new one is
@@ -208,6 +212,8 @@ def export_ctranslate2(model, source_tokenizer, target_tokenizer, output_dir,
             `keras_transformer.json` for `CTranslate2Translator` (default:
             the paper's, `keras_transformer.decoding`); `alpha` is
             CTranslate2's length penalty (see `CTranslate2Translator`).
+        examples: optional source sentences (str) for kt-serve's
+            playground, written to `examples.json`.
 
     Returns: `output_dir`.
 
@@ -274,6 +280,9 @@ def export_ctranslate2(model, source_tokenizer, target_tokenizer, output_dir,
                 f.write(vocabulary.model_proto)
         with open(os.path.join(tmp, METADATA_FILE), "w", encoding="utf-8") as f:
             json.dump(metadata, f, indent=2, sort_keys=True)
+        if examples is not None:
+            with open(os.path.join(tmp, "examples.json"), "w", encoding="utf-8") as f:
+                json.dump([str(e) for e in examples], f, ensure_ascii=False, indent=0)
         honour_umask(tmp)  # mkdtemp's 0700 would keep other users out
         replace_directory(tmp, output_dir)
     except BaseException:
@@ -378,10 +387,23 @@ def _transformer_spec(ctranslate2, model):
     return spec
 
 
+def resolve_ctranslate2_dir(path):
+    """`path` itself if it is an export directory, else its newest integer
+    version directory that is one (the layout kt-export writes and kt-serve
+    serves, `<name>_ct2/<version>/`); `path` unchanged when neither."""
+    path = os.fspath(path)
+    if os.path.isfile(os.path.join(path, METADATA_FILE)) or not os.path.isdir(path):
+        return path
+    numbers = sorted(int(n) for n in os.listdir(path) if n.isdigit()
+                     and os.path.isfile(os.path.join(path, n, METADATA_FILE)))
+    return os.path.join(path, str(numbers[-1])) if numbers else path
+
+
 def read_ctranslate2_metadata(model_dir):
-    """`keras_transformer.json` of an export directory, as a dict;
+    """`keras_transformer.json` of an export directory (or of the newest
+    version under it, `resolve_ctranslate2_dir`), as a dict;
     `FileNotFoundError` naming the directory when it is not one."""
-    path = os.path.join(os.fspath(model_dir), METADATA_FILE)
+    path = os.path.join(resolve_ctranslate2_dir(model_dir), METADATA_FILE)
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"{model_dir}: not a CTranslate2 export of this package (no {METADATA_FILE}; "
@@ -391,6 +413,16 @@ def read_ctranslate2_metadata(model_dir):
 
 
 # Engine ------------------------------------------------------------------------
+
+
+class _Result:
+    """A `ctranslate2.TranslationResult`'s hypotheses and scores."""
+
+    __slots__ = ("hypotheses", "scores")
+
+    def __init__(self, hypotheses, scores):
+        self.hypotheses = hypotheses
+        self.scores = scores
 
 
 def decoding_limit(source_pieces, extra_length, max_length):
@@ -413,11 +445,17 @@ class CTranslate2Translator(TranslationEngine):
     export that records none).
 
     Args:
-        model_dir: a directory written by `export_ctranslate2`.
+        model_dir: a directory written by `export_ctranslate2`, or a
+            directory of integer versions of them (the newest is used).
         device: "cpu" (or "cuda", "auto").
         compute_type: CTranslate2's compute type; "default" runs the model as
             it was saved (float32, or int8_float32 for an int8 export on CPU).
         intra_threads: threads per search (0: CTranslate2's default).
+        inter_threads: searches that may run at once, from as many calling
+            threads (CTranslate2's `inter_threads`).
+        output_bytes: translations as the bytes SentencePiece decodes
+            (byte pieces that are not valid UTF-8 kept as they are, as the
+            SavedModel's string outputs) instead of str.
 
     Input rules (as the package's Translator): text is decoded as UTF-8
     with invalid bytes replaced by U+FFFD; an empty or whitespace-only
@@ -428,15 +466,19 @@ class CTranslate2Translator(TranslationEngine):
 
     Greedy search (`beam_size=1`, and `sample` at temperature 0) is the
     package's greedy search: the same tokens and scores (`log P`, eos
-    included). Beam search differs from the package's in its rules:
+    included). A hypothesis that reaches the length limit without eos ends
+    as in the package: its first `limit - 1` tokens, then eos, rescored
+    with `score_batch` (CTranslate2 alone would stop it there without
+    eos). Beam search differs from the package's in its rules:
 
     - `alpha` is CTranslate2's length penalty: a finished hypothesis scores
       `log P / length ** alpha` (length with eos), where the package uses
       GNMT's `log P / ((5 + length) / 6) ** alpha`. At alpha 0 both are
       `log P`.
     - A hypothesis finishes when eos is among the `beam_size` best
-      candidates of a step (as in fairseq); one that reaches the length
-      limit ends there without eos, scored by the log P of its tokens.
+      candidates of a step (as in fairseq); the hypotheses that reach the
+      length limit are the beam's survivors there, ended with eos as above
+      (the package's beam also weighs eos-ended ones at the last step).
     - At alpha 0 a sentence stops when its best candidate is eos (nothing
       can beat it later), so n-best entries after the first may differ.
     - Samples come from CTranslate2's generator (`ctranslate2.set_random_seed`
@@ -444,11 +486,12 @@ class CTranslate2Translator(TranslationEngine):
       sample depends on its batch.
     """
 
-    def __init__(self, model_dir, device="cpu", compute_type="default", intra_threads=0):
+    def __init__(self, model_dir, device="cpu", compute_type="default", intra_threads=0,
+                 inter_threads=1, output_bytes=False):
         import sentencepiece
 
         ctranslate2 = import_ctranslate2()
-        self.model_dir = os.fspath(model_dir)
+        self.model_dir = resolve_ctranslate2_dir(model_dir)
         self.metadata = read_ctranslate2_metadata(self.model_dir)
         from keras_transformer.config import TransformerConfig
 
@@ -458,6 +501,7 @@ class CTranslate2Translator(TranslationEngine):
         self.alpha = defaults.get("alpha", DEFAULT_ALPHA)
         self.extra_length = defaults.get("extra_length", DEFAULT_EXTRA_LENGTH)
         self.max_source_tokens = self.config.max_length - 1
+        self._out_type = bytes if output_bytes else str
 
         self.source_processor = sentencepiece.SentencePieceProcessor(
             model_file=os.path.join(self.model_dir, self.metadata["source_sentencepiece"]))
@@ -472,7 +516,7 @@ class CTranslate2Translator(TranslationEngine):
         self._ctranslate2 = ctranslate2
         self.translator = ctranslate2.Translator(
             self.model_dir, device=device, compute_type=compute_type,
-            intra_threads=intra_threads)
+            intra_threads=intra_threads, inter_threads=inter_threads)
 
     @property
     def compute_type(self):
@@ -493,7 +537,7 @@ class CTranslate2Translator(TranslationEngine):
         """CTranslate2's output tokens (eos removed) -> text."""
         ids = [self._target_ids[t] for t in tokens]
         ids = [i for i in ids if i not in self._dropped and i < self._piece_count]
-        return self.target_processor.decode(ids)
+        return self.target_processor.decode(ids, out_type=self._out_type)
 
     # Searches --------------------------------------------------------------------
 
@@ -524,8 +568,29 @@ class CTranslate2Translator(TranslationEngine):
                     min_decoding_length=0, max_input_length=0, return_scores=True,
                     **options)
                 for i, result in zip(chunk, out):
-                    results[i] = result
+                    results[i] = self._ended_with_eos(pieces[i], result, limit,
+                                                      options.get("length_penalty", 0.0))
         return results
+
+    def _ended_with_eos(self, source, result, limit, alpha):
+        """`result` with each hypothesis that reached `limit` tokens without
+        eos ending as the package's searches end it: its first `limit - 1`
+        tokens, then eos, scored by their teacher-forced log P (eos
+        included) over `limit ** alpha`; the hypotheses re-sorted by score.
+        CTranslate2 stops such a hypothesis without eos."""
+        cut = [i for i, h in enumerate(result.hypotheses) if len(h) >= limit]
+        if not cut:
+            return result
+        hypotheses = [list(h) for h in result.hypotheses]
+        scores = list(result.scores)
+        forced = self.translator.score_batch(
+            [list(source)] * len(cut), [hypotheses[i][:limit - 1] for i in cut],
+            max_input_length=0)
+        for i, scored in zip(cut, forced):
+            hypotheses[i] = hypotheses[i][:limit - 1]
+            scores[i] = float(np.sum(scored.log_probs, dtype=np.float64)) / limit ** alpha
+        order = sorted(range(len(scores)), key=lambda k: -scores[k])
+        return _Result([hypotheses[k] for k in order], [scores[k] for k in order])
 
     def _options(self, beam_size, alpha):
         beam_size = self.beam_size if beam_size is None else int(beam_size)
@@ -548,7 +613,7 @@ class CTranslate2Translator(TranslationEngine):
         translations, scores = [], []
         for result in results:
             if result is None:
-                translations.append("")
+                translations.append(self._out_type())
                 scores.append(0.0)
             else:
                 translations.append(self.detokenize(result.hypotheses[0]))
@@ -572,7 +637,7 @@ class CTranslate2Translator(TranslationEngine):
         out = []
         for result in results:
             if result is None:
-                out.append([("", 0.0)] * n)
+                out.append([(self._out_type(), 0.0)] * n)
                 continue
             out.append([(self.detokenize(h), float(s))
                         for h, s in zip(result.hypotheses, result.scores)])

@@ -211,6 +211,7 @@ class ServingApp:
             "model_name": name, "version": servable.version,
             "beam_size": metadata.get("beam_size"), "alpha": metadata.get("alpha"),
             "extra_length": metadata.get("extra_length"), "examples": servable.examples,
+            "engine": metadata.get("engine", "savedmodel"),
         })
 
     async def prometheus(self, request):

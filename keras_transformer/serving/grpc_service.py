@@ -58,14 +58,43 @@ def signature_defs(servable):
     `saved_model.pb` (cached on the servable)."""
     cached = getattr(servable, "_signature_defs", None)
     if cached is None:
-        from tensorflow.core.protobuf import saved_model_pb2
+        path = os.path.join(servable.path, "saved_model.pb")
+        if os.path.isfile(path):
+            from tensorflow.core.protobuf import saved_model_pb2
 
-        saved_model = saved_model_pb2.SavedModel()
-        with open(os.path.join(servable.path, "saved_model.pb"), "rb") as f:
-            saved_model.ParseFromString(f.read())
-        cached = saved_model.meta_graphs[0].signature_def
+            saved_model = saved_model_pb2.SavedModel()
+            with open(path, "rb") as f:
+                saved_model.ParseFromString(f.read())
+            cached = saved_model.meta_graphs[0].signature_def
+        else:  # another engine: described by its specs
+            cached = _signature_defs_of(servable.specs)
         servable._signature_defs = cached
     return cached
+
+
+def _signature_defs_of(specs):
+    """`{name: SignatureDef}` describing `rest_api.SignatureSpec`s."""
+    import tensorflow as tf
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    from keras_transformer.serving.rest_api import PREDICT_METHOD
+
+    def info(name, spec, proto):
+        dtype = tf.string if spec.dtype == "string" else tf.as_dtype(spec.dtype)
+        proto.name = name
+        proto.dtype = dtype.as_datatype_enum
+        for size in spec.shape:
+            proto.tensor_shape.dim.add().size = -1 if size is None else size
+
+    definitions = {}
+    for signature, spec in specs.items():
+        definition = meta_graph_pb2.SignatureDef(method_name=PREDICT_METHOD)
+        for name, tensor in spec.inputs.items():
+            info(name, tensor, definition.inputs[name])
+        for name, tensor in spec.outputs.items():
+            info(name, tensor, definition.outputs[name])
+        definitions[signature] = definition
+    return definitions
 
 
 class GrpcServices:

@@ -179,9 +179,14 @@ def load_servable(path, version):
 
 def servable_versions(base_path):
     """The integer version directories under `base_path` (`versions`) that
-    hold a saved_model.pb, sorted."""
-    return [v for v in versions(base_path)
-            if os.path.isfile(os.path.join(base_path, str(v), "saved_model.pb"))]
+    hold a SavedModel (saved_model.pb) or a CTranslate2 export (model.bin
+    and keras_transformer.json), sorted."""
+    def complete(path):
+        return (os.path.isfile(os.path.join(path, "saved_model.pb"))
+                or all(os.path.isfile(os.path.join(path, name))
+                       for name in ("model.bin", "keras_transformer.json")))
+
+    return [v for v in versions(base_path) if complete(os.path.join(base_path, str(v)))]
 
 
 class VersionPolicy(collections.namedtuple("VersionPolicy", ["kind", "versions"])):
@@ -311,7 +316,8 @@ class VersionManager:
                         "parent directory, whose integer subdirectories are the versions.")
             raise NoServableVersion(
                 f"No servable version under {self.base_path}: expected integer version "
-                f"directories holding saved_model.pb (e.g. {self.base_path}/1/saved_model.pb)."
+                f"directories holding saved_model.pb (e.g. {self.base_path}/1/saved_model.pb) "
+                "or a CTranslate2 export (kt-export --format ctranslate2)."
                 + hint)
         failed = set()
         while True:

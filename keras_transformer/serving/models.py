@@ -247,6 +247,40 @@ def single_model(name, manager):
     return ServedModels({name: manager})
 
 
+ENGINES = ("auto", "savedmodel", "ctranslate2")
+
+
+def version_loader(engine="auto", compute_type="default", intra_threads=1, inter_threads=1):
+    """A `(path, version) -> servable` for `VersionManager`: a SavedModel
+    (`model_versions.load_servable`) or a CTranslate2 export
+    (`ctranslate2_servable.load_ctranslate2_servable`, with these CTranslate2
+    settings), by what the version directory holds ("auto") or only the
+    one `engine` names (another kind of version fails to load, saying
+    why)."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, received {engine!r}.")
+
+    def load(path, version):
+        from keras_transformer.serving.ctranslate2_servable import (
+            is_ctranslate2_version,
+            load_ctranslate2_servable,
+        )
+        from keras_transformer.serving.model_versions import load_servable
+
+        kind = "ctranslate2" if is_ctranslate2_version(path) else "savedmodel"
+        if engine != "auto" and kind != engine:
+            names = {"ctranslate2": ("a CTranslate2 export", "CTranslate2 exports"),
+                     "savedmodel": ("a SavedModel", "SavedModels")}
+            raise ValueError(f"{path} holds {names[kind][0]}; kt-serve --engine {engine} "
+                             f"serves {names[engine][1]} only.")
+        if kind == "ctranslate2":
+            return load_ctranslate2_servable(path, version, compute_type, intra_threads,
+                                             inter_threads)
+        return load_servable(path, version)
+
+    return load
+
+
 def manager_factory(poll_wait_seconds, max_num_load_retries, load_retry_interval,
                     metrics=None, load=None):
     """A `make_manager` for `ModelConfigWatcher` with these settings."""

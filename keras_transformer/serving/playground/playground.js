@@ -25,6 +25,7 @@
   const state = {
     modelName: null,
     version: null,
+    engine: "savedmodel",
     extraLength: null,
     sequence: 0,  // the newest request's number; older answers are dropped
     ready: null,  // a promise: the info request
@@ -284,9 +285,12 @@
       extra_length: state.extraLength,
     };
     const started = performance.now();
+    // An engine without translate_explain (CTranslate2) gets the n-best
+    // list and scores only.
+    const explains = state.engine !== "ctranslate2";
     const [nbest, explain] = await Promise.allSettled([
       predict("translate_nbest", Object.assign({ n: options.beamSize }, common)),
-      predict("translate_explain", common),
+      explains ? predict("translate_explain", common) : Promise.resolve(null),
     ]);
     if (sequence !== state.sequence) return;  // a newer request owns the page
     const milliseconds = Math.round(performance.now() - started);
@@ -298,7 +302,9 @@
     } else {
       problems.push(`translate_nbest failed: ${nbest.reason.message}`);
     }
-    if (explain.status === "fulfilled") {
+    if (!explains) {
+      $("status").dataset.engine = "ctranslate2";
+    } else if (explain.status === "fulfilled") {
       try {
         renderExplain(explain.value);
       } catch (err) {
@@ -321,8 +327,11 @@
   function showInfo(info) {
     state.modelName = info.model_name;
     state.version = info.version;
+    state.engine = info.engine || "savedmodel";
     state.extraLength = Number(info.extra_length);
-    $("model").textContent = `${info.model_name} \u00b7 version ${info.version}`;
+    $("model").textContent = `${info.model_name} \u00b7 version ${info.version}` +
+      (state.engine === "ctranslate2"
+        ? " \u00b7 CTranslate2 (no alignment view: its attention is one head's)" : "");
     $("endpoint").textContent = `/v1/models/${info.model_name}:predict`;
     const beam = Math.min(MAX_BEAM_SIZE, Math.max(1, Number(info.beam_size) || 1));
     $("beam-size").value = String(beam);

@@ -1,0 +1,195 @@
+"""A CTranslate2 export served by kt-serve: the SavedModel's signatures,
+inputs, outputs and refusals, answered by CTranslate2's engine
+(`export.ctranslate2.CTranslate2Translator`).
+
+A version directory holding `model.bin` and `keras_transformer.json`
+(`kt-export --format ctranslate2`) is a CTranslate2 version
+(`is_ctranslate2_version`). Its signatures, with the SavedModel's input and
+output names, dtypes and shapes (`SPECS`; a test holds them to the
+SavedModel's):
+
+- `serving_default`: text -> translation, score (the export's defaults).
+- `translate_with_options`: text, beam_size, alpha, extra_length ->
+  translation, score.
+- `translate_nbest`: text, n, beam_size, alpha, extra_length ->
+  translations `[batch, n]`, scores `[batch, n]`.
+- `translate_sample`: text, temperature, top_k, top_p, seed, extra_length ->
+  translation, score.
+
+Options outside the SavedModel's ranges are refused with its messages
+(`ModelError`, HTTP 400): beam_size in `[1, vocabulary // 2]`, alpha
+finite and >= 0, extra_length in `[0, MAX_EXTRA_LENGTH]`, `1 <= n <=
+beam_size`, temperature >= 0, top_k >= 0, top_p in (0, 1].
+
+What differs from the SavedModel: `alpha` is CTranslate2's length penalty
+(`log P / length ** alpha`; the SavedModel's is GNMT's), so beam scores
+agree with the SavedModel's only at alpha 0 and greedy; and there is no
+`translate_explain`: CTranslate2's `return_attention` gives the attention
+of one head of the last decoder layer as exported, where the SavedModel's
+alignment is the mean over heads, so the playground shows translations,
+n-best lists and scores without the alignment view.
+"""
+
+import json
+import math
+import os
+import time
+
+import numpy as np
+
+from keras_transformer.serving.model_versions import WARM_UP_SENTENCE, ModelError
+from keras_transformer.serving.rest_api import SignatureSpec, TensorSpec
+
+MODEL_FILE = "model.bin"
+METADATA_FILE = "keras_transformer.json"
+EXAMPLES_FILE = "examples.json"
+# The SavedModel's bound (export/translator.py `MAX_EXTRA_LENGTH`), kept
+# here without TensorFlow; a test holds the two equal.
+MAX_EXTRA_LENGTH = 1 << 16
+
+_TEXT = TensorSpec("string", (None,))
+_SCORE = TensorSpec("float32", (None,))
+_BEST = {"translation": _TEXT, "score": _SCORE}
+_SEARCH = {"beam_size": TensorSpec("int32", ()), "alpha": TensorSpec("float32", ()),
+           "extra_length": TensorSpec("int32", ())}
+SPECS = {
+    "serving_default": SignatureSpec({"text": _TEXT}, _BEST),
+    "translate_with_options": SignatureSpec({"text": _TEXT, **_SEARCH}, _BEST),
+    "translate_nbest": SignatureSpec(
+        {"text": _TEXT, "n": TensorSpec("int32", ()), **_SEARCH},
+        {"translations": TensorSpec("string", (None, None)),
+         "scores": TensorSpec("float32", (None, None))}),
+    "translate_sample": SignatureSpec(
+        {"text": _TEXT, "temperature": TensorSpec("float32", ()),
+         "top_k": TensorSpec("int32", ()), "top_p": TensorSpec("float32", ()),
+         "seed": TensorSpec("int64", ()), "extra_length": TensorSpec("int32", ())},
+        _BEST),
+}
+
+
+def is_ctranslate2_version(path):
+    """Whether the directory `path` is a CTranslate2 export of this
+    package."""
+    return (os.path.isfile(os.path.join(path, MODEL_FILE))
+            and os.path.isfile(os.path.join(path, METADATA_FILE)))
+
+
+class CTranslate2Servable:
+    """One CTranslate2 version, with `model_versions.Servable`'s interface
+    (`version`, `path`, `specs`, `metadata`, `examples`, `predict`,
+    `warm_up`).
+
+    Args:
+        path: the version directory.
+        version: its number.
+        compute_type: CTranslate2's ("default": as exported, int8_float32
+            for an int8 export on CPU).
+        intra_threads: threads per search.
+        inter_threads: searches that run at once (kt-serve's
+            --num-batch-threads or its worker threads call `predict`
+            concurrently; each call takes one).
+    """
+
+    engine = "ctranslate2"
+
+    def __init__(self, path, version, compute_type="default", intra_threads=1,
+                 inter_threads=1):
+        from keras_transformer.export.ctranslate2 import CTranslate2Translator
+
+        self.version = version
+        self.path = path
+        self.translator = CTranslate2Translator(path, compute_type=compute_type,
+                                                intra_threads=intra_threads,
+                                                inter_threads=inter_threads,
+                                                output_bytes=True)
+        self.specs = dict(SPECS)
+        self.vocab_size = self.translator.config.output_vocab_size
+        self.metadata = {"beam_size": self.translator.beam_size,
+                         "alpha": self.translator.alpha,
+                         "extra_length": self.translator.extra_length,
+                         "engine": self.engine,
+                         "compute_type": self.translator.compute_type}
+        examples = os.path.join(path, EXAMPLES_FILE)
+        self.examples = []
+        if os.path.isfile(examples):
+            with open(examples, encoding="utf-8") as f:
+                self.examples = [str(e) for e in json.load(f)]
+
+    def warm_up(self):
+        """One translation of a short sentence. Returns 1 (requests)."""
+        self.translator.translate([WARM_UP_SENTENCE])
+        return 1
+
+    def predict(self, signature, inputs):
+        """Runs `signature` on `inputs` (`{name: np.ndarray}` matching
+        `SPECS`). Blocks; thread-safe.
+
+        Returns: `{output name: np.ndarray}` (strings as UTF-8 bytes).
+        Raises: `ModelError` for options out of range.
+        """
+        text = [t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t)
+                for t in inputs["text"].tolist()]
+        translator = self.translator
+        if signature == "serving_default":
+            return _best(*translator.translate(text))
+        if signature == "translate_with_options":
+            beam_size, alpha, extra_length = self._search(inputs)
+            return _best(*translator.translate(text, beam_size, alpha, extra_length))
+        if signature == "translate_nbest":
+            beam_size, alpha, extra_length = self._search(inputs)
+            n = int(inputs["n"])
+            if not 1 <= n <= beam_size:
+                raise ModelError("n must be between 1 and beam_size")
+            nbest = translator.translate_nbest(text, n, beam_size, alpha, extra_length)
+            return {"translations": np.array([[t for t, _ in row] for row in nbest],
+                                             object).reshape(len(text), n),
+                    "scores": np.array([[s for _, s in row] for row in nbest],
+                                       np.float32).reshape(len(text), n)}
+        if signature == "translate_sample":
+            temperature = float(inputs["temperature"])
+            top_k, top_p = int(inputs["top_k"]), float(inputs["top_p"])
+            if not temperature >= 0:
+                raise ModelError("temperature must be >= 0")
+            if top_k < 0:
+                raise ModelError("top_k must be >= 0")
+            if not 0 < top_p <= 1:
+                raise ModelError("top_p must be in (0, 1]")
+            extra_length = self._extra_length(inputs)
+            return _best(*translator.sample(text, temperature, top_k, top_p,
+                                            int(inputs["seed"]), extra_length))
+        raise ModelError(f"Serving signature name: \"{signature}\" not found")
+
+    def _extra_length(self, inputs):
+        extra_length = int(inputs["extra_length"])
+        if not 0 <= extra_length <= MAX_EXTRA_LENGTH:
+            raise ModelError(f"assertion failed: [extra_length must be between 0 and "
+                             f"{MAX_EXTRA_LENGTH}, received] [{extra_length}]")
+        return min(extra_length, self.translator.config.max_length)
+
+    def _search(self, inputs):
+        beam_size, alpha = int(inputs["beam_size"]), float(inputs["alpha"])
+        if not 1 <= beam_size <= self.vocab_size // 2:
+            raise ModelError(f"assertion failed: [beam_size must be between 1 and "
+                             f"{self.vocab_size // 2}, received] [{beam_size}]")
+        if not (math.isfinite(alpha) and alpha >= 0):
+            raise ModelError(f"assertion failed: [alpha must be a finite number >= 0, "
+                             f"received] [{alpha}]")
+        return beam_size, alpha, self._extra_length(inputs)
+
+
+def _best(translations, scores):
+    return {"translation": np.array(translations, object),
+            "score": np.array(scores, np.float32)}
+
+
+def load_ctranslate2_servable(path, version, compute_type="default", intra_threads=1,
+                              inter_threads=1):
+    """Loads and warms up the CTranslate2 version at `path` (as
+    `model_versions.load_servable` does a SavedModel)."""
+    start = time.monotonic()
+    servable = CTranslate2Servable(path, version, compute_type, intra_threads, inter_threads)
+    loaded = time.monotonic()
+    servable.warm_up()
+    servable.load_seconds = loaded - start
+    servable.warmup_seconds = time.monotonic() - loaded
+    return servable

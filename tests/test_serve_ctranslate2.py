@@ -1,0 +1,141 @@
+"""kt-serve on a CTranslate2 export: the SavedModel's signatures, inputs,
+outputs and refusals, with CTranslate2 answering. Both engines serve the
+same tiny weights from one config file. "Match" here: the same greedy
+translation of every test sentence, scores within `SCORE_RTOL` (float32
+sums of log probabilities computed by two engines). The tiny random model
+runs every hypothesis to the length limit, where the two beam searches
+differ by design (export/ctranslate2.py); the beam comparison on the
+trained demo model is `python -m benchmarks serve-engines`."""
+
+import os
+
+import numpy as np
+import pytest
+import requests
+from support.serving_model import export_tiny_model, start_server, stop_server
+
+pytest.importorskip("ctranslate2")
+
+from benchmarks.tiny_serving import export_tiny_ctranslate2  # noqa: E402
+from keras_transformer.serving.ctranslate2_servable import (  # noqa: E402
+    MAX_EXTRA_LENGTH,
+    SPECS,
+    CTranslate2Servable,
+    is_ctranslate2_version,
+)
+
+SENTENCES = ["the dog sees a cat", "a red house", "Ein Mann fährt mit dem Fahrrad.",
+             "", "two women walk on the beach with their dogs"]
+SCORE_RTOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    base = tmp_path_factory.mktemp("engines")
+    saved_model = export_tiny_model(base / "sm", name="tiny", version=1)
+    ct2 = export_tiny_ctranslate2(base / "ct2", name="tiny", version=1,
+                                  examples=["the dog sees a cat"])
+    return {"base": base, "saved_model": saved_model, "ct2": ct2}
+
+
+@pytest.fixture(scope="module")
+def server(exports):
+    pytest.importorskip("tensorflow_serving")
+    config = exports["base"] / "models.config"
+    config.write_text(
+        'model_config_list {\n'
+        f'  config {{ name: "sm" base_path: "{os.path.dirname(exports["saved_model"])}" }}\n'
+        f'  config {{ name: "ct2" base_path: "{os.path.dirname(exports["ct2"])}" }}\n'
+        '}\n')
+    # The model's own limit answers, not kt-serve's --max-beam-size.
+    process, url = start_server(["--model-config-file", str(config),
+                                 "--max-beam-size", str(2**31 - 1)])
+    try:
+        yield url
+    finally:
+        stop_server(process)
+
+
+def test_the_signatures_are_the_saved_model_s(exports):
+    from keras_transformer.export.translator import MAX_EXTRA_LENGTH as SAVED_MODEL_MAX
+    from keras_transformer.serving.model_versions import Servable
+
+    assert MAX_EXTRA_LENGTH == SAVED_MODEL_MAX
+    saved = Servable(exports["saved_model"], 1).specs
+    for name, spec in SPECS.items():
+        assert spec == saved[name], name
+    assert is_ctranslate2_version(exports["ct2"])
+    assert not is_ctranslate2_version(exports["saved_model"])
+
+
+def _predict(url, model, signature, **inputs):
+    return requests.post(f"{url}/v1/models/{model}:predict", timeout=60,
+                         json={"signature_name": signature,
+                               "inputs": {"text": SENTENCES, **inputs}})
+
+
+def test_both_engines_give_the_same_greedy_translations(server):
+    options = {"beam_size": 1, "alpha": 0.0, "extra_length": 4}
+    sm = _predict(server, "sm", "translate_with_options", **options).json()["outputs"]
+    ct2 = _predict(server, "ct2", "translate_with_options", **options).json()["outputs"]
+    assert ct2["translation"] == sm["translation"]
+    np.testing.assert_allclose(ct2["score"], sm["score"], rtol=SCORE_RTOL, atol=1e-5)
+
+
+def test_nbest_and_sampling_have_the_saved_model_s_shapes(server):
+    nbest = _predict(server, "ct2", "translate_nbest", n=2, beam_size=3, alpha=0.6,
+                     extra_length=4).json()["outputs"]
+    assert np.shape(nbest["translations"]) == (len(SENTENCES), 2)
+    assert np.shape(nbest["scores"]) == (len(SENTENCES), 2)
+    assert nbest["translations"][3] == ["", ""]
+    sample = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 3, "extra_length": 4}
+    sampled = _predict(server, "ct2", "translate_sample", **sample).json()["outputs"]
+    greedy = _predict(server, "ct2", "translate_with_options", beam_size=1, alpha=0.0,
+                      extra_length=4).json()["outputs"]
+    assert sampled["translation"] == greedy["translation"]
+
+
+def test_the_same_refusals_as_the_saved_model(server):
+    for options, message in [
+            ({"beam_size": 2**30 + 1, "alpha": 0.6, "extra_length": 4},
+             "beam_size must be between 1 and"),
+            ({"beam_size": 2, "alpha": float("nan"), "extra_length": 4},
+             "alpha must be a finite number"),
+            ({"beam_size": 2, "alpha": 0.6, "extra_length": 2**31 - 1},
+             "extra_length must be between 0 and")]:
+        answers = [requests.post(f"{server}/v1/models/{model}:predict", timeout=60,
+                                 data=_json({"signature_name": "translate_with_options",
+                                             "inputs": {"text": ["a"], **options}}),
+                                 headers={"Content-Type": "application/json"})
+                   for model in ("sm", "ct2")]
+        for answer in answers:
+            assert answer.status_code == 400 and message in answer.json()["error"], answer.text
+    refused = _predict(server, "ct2", "translate_nbest", n=4, beam_size=3, alpha=0.6,
+                       extra_length=4)
+    assert refused.status_code == 400 and "n must be between 1 and beam_size" in refused.text
+
+
+def _json(document):
+    import json
+
+    return json.dumps(document)
+
+
+def test_status_metadata_and_the_playground(server):
+    status = requests.get(f"{server}/v1/models/ct2", timeout=30).json()
+    assert status["model_version_status"][0]["state"] == "AVAILABLE"
+    metadata = requests.get(f"{server}/v1/models/ct2/metadata", timeout=30).json()
+    signatures = metadata["metadata"]["signature_def"]["signature_def"]
+    assert set(signatures) == set(SPECS)
+    info = requests.get(f"{server}/playground/info", timeout=30).json()
+    assert info["model_name"] == "sm" and info["engine"] == "savedmodel"
+
+
+def test_the_servable_runs_without_a_server(exports):
+    servable = CTranslate2Servable(exports["ct2"], 1)
+    assert servable.examples == ["the dog sees a cat"]
+    assert servable.metadata["engine"] == "ctranslate2"
+    out = servable.predict("serving_default",
+                           {"text": np.array([s.encode() for s in SENTENCES], object)})
+    assert out["translation"].dtype == object and out["score"].dtype == np.float32
+    assert out["translation"][3] == b"" and out["score"][3] == 0.0
