@@ -103,21 +103,29 @@ def _post(session, url, sentences):
     return response.json()
 
 
-def overhead_round(url, engine, batches):
+def overhead_round(url, engine, batches, server_first=True):
     """`(kt-serve requests/s, CTranslate2 alone requests/s)` over
-    `batches`, the server first."""
+    `batches`."""
     import requests
 
-    with requests.Session() as session:
+    def served():
+        with requests.Session() as session:
+            start = time.perf_counter()
+            for batch in batches:
+                _post(session, url, batch)
+            return len(batches) / (time.perf_counter() - start)
+
+    def alone():
         start = time.perf_counter()
         for batch in batches:
-            _post(session, url, batch)
-        served = len(batches) / (time.perf_counter() - start)
-    start = time.perf_counter()
-    for batch in batches:
-        engine.translate(batch)
-    alone = len(batches) / (time.perf_counter() - start)
-    return served, alone
+            engine.translate(batch)
+        return len(batches) / (time.perf_counter() - start)
+
+    if server_first:
+        first = served()
+        return first, alone()
+    second = alone()
+    return served(), second
 
 
 def load_round(url, sentences, clients, requests_count, seed):
@@ -156,6 +164,64 @@ def latency(engine, singles):
     return statistics.median(times)
 
 
+def measure_overhead(args, int8_base, int8_dir, sentences):
+    """Part 2: kt-serve on the int8 version against `CTranslate2Translator`
+    in this process, the same batches, alternating rounds."""
+    from keras_transformer.export.ctranslate2 import CTranslate2Translator
+
+    plain, url = tiny_serving.start_server([
+        "--model-name", "m", "--model-base-path", int8_base, "--ctranslate2-threads",
+        str(args.ctranslate2_threads)])
+    engine = CTranslate2Translator(int8_dir, intra_threads=args.ctranslate2_threads)
+    rng = random.Random(0)
+    batches = [rng.sample(sentences, args.batch) for _ in range(args.batches)]
+    predict = f"{url}/v1/models/m:predict"
+    overhead_round(predict, engine, batches[:3])  # warm both
+    rounds = []
+    try:
+        for r in range(args.rounds):
+            served, alone = overhead_round(predict, engine, batches, server_first=r % 2 == 0)
+            rounds.append({"kt_serve": served, "ctranslate2_alone": alone,
+                           "ratio": served / alone})
+            print(f"overhead round {r}: kt-serve {served:.1f} requests/s, CTranslate2 "
+                  f"alone {alone:.1f} requests/s", flush=True)
+    finally:
+        tiny_serving.stop_server(plain)
+    return {"rounds": rounds, "batch": args.batch,
+            "ratio_median": statistics.median(o["ratio"] for o in rounds)}
+
+
+def measure_load(args, saved_model, int8_base, sentences):
+    """Part 3: kt-serve on the SavedModel and on the int8 version, both
+    batching, under `args.clients` clients, alternating rounds."""
+    batching = ["--enable-batching", "--max-batch-size", "32", "--ctranslate2-threads",
+                str(args.ctranslate2_threads)]
+    servers = {}
+    try:
+        servers["savedmodel"] = tiny_serving.start_server(
+            ["--model-name", "m", "--model-base-path", os.path.dirname(saved_model),
+             *batching])
+        servers["ctranslate2_int8"] = tiny_serving.start_server(
+            ["--model-name", "m", "--model-base-path", int8_base, *batching])
+        for _, url in servers.values():
+            load_round(f"{url}/v1/models/m:predict", sentences, args.clients, 50, 0)
+        rounds = []
+        for r in range(args.rounds):
+            order = list(servers) if r % 2 == 0 else list(reversed(list(servers)))
+            this = {name: load_round(f"{servers[name][1]}/v1/models/m:predict",
+                                     sentences, args.clients, args.requests, r)
+                    for name in order}
+            rounds.append(this)
+            print(f"load round {r}: " + ", ".join(f"{k} {v:.1f} sentences/s"
+                                                  for k, v in this.items()), flush=True)
+    finally:
+        for process, _ in servers.values():
+            tiny_serving.stop_server(process)
+    return {"rounds": rounds, "clients": args.clients,
+            "ratio_median": statistics.median(
+                r["ctranslate2_int8"] / r["savedmodel"] for r in rounds)}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -169,85 +235,49 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--singles", type=int, default=40)
     parser.add_argument("--ctranslate2-threads", type=int, default=1)
+    parser.add_argument("--parts", default="match,overhead,load,threads",
+                        help="which of the four parts to run (comma-separated)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
+    parts = set(args.parts.split(","))
+    if not parts or parts - {"match", "overhead", "load", "threads"}:
+        parser.error(f"--parts takes match, overhead, load, threads; received {args.parts!r}")
     from keras_transformer.export.ctranslate2 import CTranslate2Translator
 
     record = provenance.record()
     report = {**record, "run_dir": args.run_dir, "args": vars(args)}
     with tempfile.TemporaryDirectory() as work_dir:
         saved_model, engines, translator = export_all(args.run_dir, args.checkpoint, work_dir)
-        defaults = {"beam_size": translator.beam_size, "alpha": translator.alpha,
-                    "extra_length": translator.extra_length}
+        report["defaults"] = defaults = {"beam_size": translator.beam_size,
+                                         "alpha": translator.alpha,
+                                         "extra_length": translator.extra_length}
         sentences = test_sentences(args.sentences)
-        report["defaults"] = defaults
-        report["match"] = match(saved_model, engines["float32"], sentences, defaults,
-                                args.ctranslate2_threads)
-        print("match:", json.dumps(report["match"]), flush=True)
-
-        threads = str(args.ctranslate2_threads)
         int8_base = os.path.dirname(engines["int8"])
-        plain, url = tiny_serving.start_server([
-            "--model-name", "m", "--model-base-path", int8_base, "--ctranslate2-threads",
-            threads])
-        engine = CTranslate2Translator(engines["int8"], intra_threads=args.ctranslate2_threads)
-        rng = random.Random(0)
-        batches = [rng.sample(sentences, args.batch) for _ in range(args.batches)]
-        predict = f"{url}/v1/models/m:predict"
-        overhead_round(predict, engine, batches[:3])  # warm both
-        overhead = []
-        try:
-            for r in range(args.rounds):
-                served, alone = overhead_round(predict, engine, batches)
-                overhead.append({"kt_serve": served, "ctranslate2_alone": alone,
-                                 "ratio": served / alone})
-                print(f"overhead round {r}: kt-serve {served:.1f} requests/s, CTranslate2 "
-                      f"alone {alone:.1f} requests/s", flush=True)
-        finally:
-            tiny_serving.stop_server(plain)
-        report["overhead"] = {"rounds": overhead, "batch": args.batch,
-                              "ratio_median": statistics.median(o["ratio"] for o in overhead)}
-
-        batching = ["--enable-batching", "--max-batch-size", "32", "--ctranslate2-threads",
-                    threads]
-        servers = {}
-        try:
-            servers["savedmodel"] = tiny_serving.start_server(
-                ["--model-name", "m", "--model-base-path", os.path.dirname(saved_model),
-                 *batching])
-            servers["ctranslate2_int8"] = tiny_serving.start_server(
-                ["--model-name", "m", "--model-base-path", int8_base, *batching])
-            for _, url in servers.values():
-                load_round(f"{url}/v1/models/m:predict", sentences, args.clients, 50, 0)
-            rounds = []
-            for r in range(args.rounds):
-                order = list(servers) if r % 2 == 0 else list(reversed(list(servers)))
-                this = {name: load_round(f"{servers[name][1]}/v1/models/m:predict",
-                                         sentences, args.clients, args.requests, r)
-                        for name in order}
-                rounds.append(this)
-                print(f"load round {r}: " + ", ".join(f"{k} {v:.1f} sentences/s"
-                                                      for k, v in this.items()), flush=True)
-        finally:
-            for process, _ in servers.values():
-                tiny_serving.stop_server(process)
-        report["load"] = {"rounds": rounds, "clients": args.clients,
-                          "ratio_median": statistics.median(
-                              r["ctranslate2_int8"] / r["savedmodel"] for r in rounds)}
-
-        singles = sentences[:args.singles]
-        report["threads"] = {}
-        for intra in (1, 2):
-            single = CTranslate2Translator(engines["int8"], intra_threads=intra)
-            latency(single, singles[:5])
-            report["threads"][f"intra_{intra}_p50_ms"] = 1000 * latency(single, singles)
-        print("threads:", json.dumps(report["threads"]), flush=True)
+        if "match" in parts:
+            report["match"] = match(saved_model, engines["float32"], sentences, defaults,
+                                    args.ctranslate2_threads)
+            print("match:", json.dumps(report["match"]), flush=True)
+        if "overhead" in parts:
+            report["overhead"] = measure_overhead(args, int8_base, engines["int8"], sentences)
+        if "load" in parts:
+            report["load"] = measure_load(args, saved_model, int8_base, sentences)
+        if "threads" in parts:
+            singles = sentences[:args.singles]
+            report["threads"] = {}
+            for intra in (1, 2):
+                single = CTranslate2Translator(engines["int8"], intra_threads=intra)
+                latency(single, singles[:5])
+                report["threads"][f"intra_{intra}_p50_ms"] = 1000 * latency(single, singles)
+            print("threads:", json.dumps(report["threads"]), flush=True)
     path = args.json or provenance.result_path(record, "serve-engines")
     with open(path, "w") as f:
         json.dump(report, f, indent=1)
-    print(f"overhead ratio (kt-serve / CTranslate2 alone): "
-          f"{report['overhead']['ratio_median']:.3f}; load ratio (CTranslate2 int8 / "
-          f"SavedModel): {report['load']['ratio_median']:.2f}; written to {path}")
+    for part, what in (("overhead", "kt-serve / CTranslate2 alone, requests/s"),
+                       ("load", "kt-serve on CTranslate2 int8 / on the SavedModel, "
+                                "sentences/s")):
+        if part in report:
+            print(f"{part}: {what}: {report[part]['ratio_median']:.3f}")
+    print(f"written to {path}")
 
 
 if __name__ == "__main__":

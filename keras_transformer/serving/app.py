@@ -73,6 +73,10 @@ STATUS_CODES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 405: "UNIMPLEMENTED",
                 499: "CANCELLED", 500: "INTERNAL", 503: "UNAVAILABLE",
                 504: "DEADLINE_EXCEEDED"}
 METRICS_PATH = "/monitoring/prometheus/metrics"
+# Request bodies (and answers, estimated) up to this size are converted on
+# the event loop; larger ones on a worker thread, so the loop keeps
+# answering while a big one parses.
+INLINE_BYTES = 16 * 1024
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 _BATCHING_PATH = re.compile(r"(?P<name>[^/:]+)/batching")
 
@@ -317,12 +321,11 @@ class ServingApp:
         try:
             servable = self.servable(name, version, label)
             body = await self._read_body(request)
-            loop = asyncio.get_running_loop()
-            parsed = await loop.run_in_executor(self.executor, _parse, body, servable.specs)
+            parsed = await self._off_loop(len(body), _parse, body, servable.specs)
             outputs = await self.run_predict(servable, name, parsed.signature_name,
                                              parsed.inputs, start)
-            answer = await loop.run_in_executor(self.executor, _answer, outputs,
-                                                parsed.row_format)
+            rows = max((np.size(v) for v in outputs.values()), default=0)
+            answer = await self._off_loop(rows * 64, _answer, outputs, parsed.row_format)
             status = 200
             return Response(answer, 200, media_type="application/json")
         except ClientDisconnect:
@@ -334,6 +337,15 @@ class ServingApp:
         finally:
             self.metrics.observe_request(name, "OK" if status == 200 else STATUS_CODES.get(
                 status, "UNKNOWN"), (time.monotonic() - start) * 1e6, "REST")
+
+    async def _off_loop(self, size, function, *args):
+        """`function(*args)`, on a worker thread when `size` (bytes, about)
+        is over `INLINE_BYTES`, else on the event loop: a small request's
+        JSON costs less than the hop to a thread and back."""
+        if size <= INLINE_BYTES:
+            return function(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, function,
+                                                                *args)
 
     async def run_predict(self, servable, name, signature_name, inputs, start=None):
         """Runs a parsed predict request under the server's limits: the
@@ -502,16 +514,31 @@ def url_of(sock):
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def header_deadline_protocol(header_timeout):
-    """uvicorn's h11 protocol, closing a connection whose request line and
+def header_deadline_protocol(header_timeout, parser="auto"):
+    """uvicorn's HTTP protocol, closing a connection whose request line and
     headers have not all arrived `header_timeout` seconds after it opened
-    or after its previous response (a slow client holds no connection
-    for longer)."""
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+    or after its previous response (a slow client holds no connection for
+    longer), and sending without Nagle's delay. `parser`: "httptools"
+    (uvicorn's C parser), "h11" (pure Python), or "auto" (httptools where
+    it is installed)."""
+    Protocol = None
+    if parser in ("auto", "httptools"):
+        try:
+            from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Protocol
+        except ImportError:  # httptools is not installed
+            if parser == "httptools":
+                raise
+    if Protocol is None:
+        from uvicorn.protocols.http.h11_impl import H11Protocol as Protocol
 
-    class HeaderDeadlineProtocol(H11Protocol):
+    class HeaderDeadlineProtocol(Protocol):
         def connection_made(self, transport):
             super().connection_made(transport)
+            # A response goes out in several writes (head, body): without
+            # TCP_NODELAY the last waits for the client's delayed ACK.
+            sock = transport.get_extra_info("socket")
+            if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._arm_header_deadline()
 
         def on_response_complete(self):
@@ -542,19 +569,20 @@ def header_deadline_protocol(header_timeout):
 
 
 def run_server(app, sock, ready=None, header_timeout=limits.DEFAULT_HEADER_TIMEOUT_SECONDS,
-               max_connections=None, on_start=None):
+               max_connections=None, on_start=None, parser="auto"):
     """Serves `app` on `sock` with uvicorn until SIGINT or SIGTERM; calls
     `on_start(loop)` once it accepts connections (it may return a
     callable, called at shutdown), then `ready()`. A connection whose
     headers take longer than `header_timeout` seconds is closed; beyond
     `max_connections` open connections (None: no limit) uvicorn answers
-    503. Logs go to stderr; no access log."""
+    503. `parser`: as `header_deadline_protocol`'s. Logs go to stderr; no
+    access log."""
     import uvicorn
 
     configure_logging()
     config = uvicorn.Config(app, log_config=None, access_log=False,
                             lifespan="off", timeout_graceful_shutdown=5,
-                            http=header_deadline_protocol(header_timeout),
+                            http=header_deadline_protocol(header_timeout, parser),
                             limit_concurrency=max_connections)
     server = uvicorn.Server(config)
 
