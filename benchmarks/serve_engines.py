@@ -13,8 +13,9 @@ run's search defaults. Then:
    fraction of identical best translations at the export's defaults and at
    alpha 0 (where the two length penalties agree), and the largest score
    difference at alpha 0 among identical ones.
-2. Server overhead: one client sends the same requests of `--batch`
-   sentences in sequence to kt-serve on the int8 version (no batching), and
+2. Server overhead: one client (`http.client`, one keep-alive connection)
+   sends the same requests of `--batch` sentences in sequence to kt-serve
+   on the int8 version (no batching), and
    the same batches go through `CTranslate2Translator` in this process (no
    server): requests/s of each, in alternating rounds; the ratio is the
    median of per-round ratios.
@@ -105,15 +106,28 @@ def _post(session, url, sentences):
 
 def overhead_round(url, engine, batches, server_first=True):
     """`(kt-serve requests/s, CTranslate2 alone requests/s)` over
-    `batches`."""
-    import requests
+    `batches`. The client is `http.client` on one keep-alive connection:
+    the least a client can add, so the ratio is the server's cost."""
+    import http.client
+    import urllib.parse
+
+    address = urllib.parse.urlsplit(url)
 
     def served():
-        with requests.Session() as session:
+        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=120)
+        try:
             start = time.perf_counter()
             for batch in batches:
-                _post(session, url, batch)
+                connection.request("POST", address.path,
+                                   json.dumps({"inputs": {"text": batch}}).encode(),
+                                   {"Content-Type": "application/json"})
+                answer = connection.getresponse()
+                body = answer.read()
+                if answer.status != 200:
+                    raise RuntimeError(f"{answer.status}: {body[:300]!r}")
             return len(batches) / (time.perf_counter() - start)
+        finally:
+            connection.close()
 
     def alone():
         start = time.perf_counter()
