@@ -1,11 +1,12 @@
-"""Writing files so that nothing is lost or hidden: `write_atomically`
-(a temporary name, fsync, a rename) and `replace_directory` (the same for a
-whole directory), and modes that honour the process's
+"""Writing files so that nothing is lost or hidden: `atomic_path` and
+`write_atomically` (a temporary name, fsync, a rename) and
+`replace_directory` (the same for a whole directory), and modes that honour the process's
 umask for what is written through temporary names (`tempfile.mkstemp`
 makes files 0600 and `tempfile.mkdtemp` directories 0700, whatever the
 umask), so that a SavedModel or a run directory is readable by whom the
 umask allows: TF Serving under another uid, a teammate."""
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -40,18 +41,38 @@ def honour_umask(path):
     os.chmod(path, full & ~current_umask())
 
 
-def write_atomically(path, data):
-    """Writes `data` (bytes) to `path` via a temporary file and a rename, so a
-    reader never sees a partial file, even after `kill -9`. The file gets
-    the mode the umask gives a new file (0644 under umask 022)."""
+@contextlib.contextmanager
+def atomic_path(path):
+    """A temporary path beside `path` for the caller to write. Leaving the
+    block without an error flushes it to disk, gives it the mode the umask
+    gives a new file and renames it to `path`, so a reader never sees a
+    partial file, even after `kill -9`; an error removes it and `path` keeps
+    what it held.
+
+    Example:
+
+    ```python
+    import os
+    import tempfile
+
+    from keras_transformer.files import atomic_path
+
+    path = os.path.join(tempfile.mkdtemp(), "out.txt")
+    with atomic_path(path) as tmp:
+        with open(tmp, "w") as f:
+            f.write("whole")
+    assert open(path).read() == "whole"
+    ```
+    """
+    path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-" + os.path.basename(path))
+    os.close(fd)
     try:
+        yield tmp
         honour_umask(tmp)  # mkstemp's 0600 would hide it from other users
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
+        with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         fsync_directory(directory)
@@ -59,6 +80,14 @@ def write_atomically(path, data):
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def write_atomically(path, data):
+    """Writes `data` (bytes) to `path` through `atomic_path`. The file gets
+    the mode the umask gives a new file (0644 under umask 022)."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
 
 
 def fsync_directory(path):

@@ -34,6 +34,30 @@ def test_an_atomic_write_that_fails_midway_leaves_the_old_file(tmp_path, monkeyp
     assert os.listdir(tmp_path) == ["config.json"]  # no temporary file left
 
 
+def test_atomic_path_renames_on_success_and_cleans_up_on_error(tmp_path):
+    import re
+
+    import keras_transformer.files
+
+    example = re.search(r"```python\n(.*?)```", keras_transformer.files.atomic_path.__doc__,
+                        re.S).group(1)
+    exec(textwrap_dedent(example), {})  # the docstring's Example runs
+    path = tmp_path / "out.bin"
+    path.write_bytes(b"old")
+    with pytest.raises(RuntimeError, match="midway"):
+        with files.atomic_path(str(path)) as tmp:
+            with open(tmp, "wb") as f:
+                f.write(b"half")
+            raise RuntimeError("midway")
+    assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["out.bin"]
+
+
+def textwrap_dedent(text):
+    import textwrap
+
+    return textwrap.dedent(text)
+
+
 def test_a_byte_order_mark_is_not_text(tmp_path):
     (tmp_path / "a.en").write_text(BOM + "a dog\na cat\n", encoding="utf-8")
     (tmp_path / "a.de").write_text("ein Hund\neine Katze\n", encoding="utf-8")

@@ -29,12 +29,11 @@ A warm-up request is `(signature_name, inputs)`: `signature_name` a str,
 
 import os
 import re
-import tempfile
 
 import numpy as np
 
 from keras_transformer.export.engine import SERVING_DEFAULT, TRANSLATE_IDS
-from keras_transformer.files import fsync_directory, honour_umask
+from keras_transformer.files import atomic_path
 
 __all__ = ["WARMUP_FILE", "WARMUP_PATH", "MAX_RECORDS", "WARMUP_SENTENCE",
            "WARMUP_SIGNATURES", "warmup_requests", "write_warmup_file", "read_warmup_file"]
@@ -184,23 +183,10 @@ def write_warmup_file(path, requests, model_name=""):
 
     records = _encode_records(requests, model_name, tf.make_tensor_proto)
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-" + os.path.basename(path))
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         with tf.io.TFRecordWriter(tmp) as writer:
             for record in records:
                 writer.write(record)
-        honour_umask(tmp)  # mkstemp's 0600 would hide it from TF Serving under another uid
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_directory(directory)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
     return path
 
 
