@@ -19,7 +19,8 @@ EXAMPLE = re.compile(r"Example:\s*\n\s*```python\n(.*?)\n\s*```", re.S)
 CONSTANTS = {"PRESETS"}
 # Public modules outside `kt.__all__`, by the prefix docs/api.md lists their
 # names with: each name of their `__all__` is public (a value, as CONSTANTS).
-MODULES = {"warmup": "keras_transformer.export.warmup"}
+MODULES = {"warmup": "keras_transformer.export.warmup",
+           "vocabulary_map": "keras_transformer.export.vocabulary_map"}
 
 
 def module_names():

@@ -62,6 +62,10 @@ def add_model_arguments(parser, saved_model=True, ctranslate2=False):
     group.add_argument("--threads", type=int, default=None,
                        help="with --engine ctranslate2: CTranslate2's threads for the search "
                        "(default: its own choice)")
+    group.add_argument("--vocabulary-map", choices=("auto", "on", "off"), default=None,
+                       help="with --ctranslate2-model: use the export's vocabulary map "
+                       "(vmap.txt, kt-export --vocabulary-map): auto (default: if it has "
+                       "one), on (it must), off")
 
 
 CHECKPOINT_HELP = (
@@ -118,7 +122,7 @@ def check_engine(parser, args):
     if args.engine == "tensorflow":
         if ctranslate2_model is not None:
             parser.error("--ctranslate2-model needs --engine ctranslate2 (the default with it)")
-        for name in ("compute_type", "threads"):
+        for name in ("compute_type", "threads", "vocabulary_map"):
             if getattr(args, name) is not None:
                 parser.error(f"--{name.replace('_', '-')} needs --engine ctranslate2")
         return
@@ -128,6 +132,8 @@ def check_engine(parser, args):
                      "not --saved-model")
     if ctranslate2_model is not None and args.checkpoint is not None:
         parser.error("--checkpoint applies to --run-dir, not --ctranslate2-model")
+    if ctranslate2_model is None and args.vocabulary_map is not None:
+        parser.error("--vocabulary-map applies to --ctranslate2-model (an export with vmap.txt)")
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be at least 1, received {args.threads}")
     require_ctranslate2(parser)
@@ -160,7 +166,9 @@ def open_from_args(args):
         options = dict(compute_type=args.compute_type or "default",
                        intra_threads=args.threads or 0)
         if args.ctranslate2_model is not None:
-            return CTranslate2Translator(args.ctranslate2_model, **options)
+            return CTranslate2Translator(args.ctranslate2_model,
+                                         vocabulary_map=args.vocabulary_map or "auto",
+                                         **options)
         translator, reason = ctranslate2_translator_from_run(
             args.run_dir, args.checkpoint, beam_size=args.beam_size, alpha=args.alpha,
             extra_length=args.extra_length, **options)

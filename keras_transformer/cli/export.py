@@ -87,6 +87,10 @@ def build_parser():
                         help="with --format ctranslate2: the weights' type: float32 "
                         "(default; the same translations as the model), int8 or "
                         "int8_float32 (int8 weights, one scale per row; float32 for the rest)")
+    parser.add_argument("--vocabulary-map", action="store_true",
+                        help="with --format ctranslate2: also write a vocabulary map "
+                        "(vmap.txt) built from co-occurrence in the run's training data, "
+                        "which CTranslate2's engine then uses (use_vmap)")
     parser.add_argument("--xla-column-blocks", type=int, default=1, metavar="N",
                         help="with N > 1, translate_xla multiplies by copies of the decoder's "
                         "weights and output table cut into N column blocks: the same "
@@ -106,8 +110,33 @@ def check_arguments(parser, args):
             parser.error("--xla-column-blocks applies to --format saved_model, not ctranslate2")
     elif args.quantization is not None:
         parser.error("--quantization applies to --format ctranslate2")
+    elif args.vocabulary_map:
+        parser.error("--vocabulary-map applies to --format ctranslate2")
     if args.xla_column_blocks < 1:
         parser.error(f"--xla-column-blocks must be at least 1, received {args.xla_column_blocks}")
+
+
+def training_vocabulary_map(run, source_tokenizer, target_tokenizer):
+    """`vocabulary_map.build_vocabulary_map` of the run's training pairs
+    (its data settings, train_args.json), tokenized by its vocabularies."""
+    import dataclasses
+
+    import keras_transformer as kt
+    from keras_transformer.export.vocabulary_map import build_vocabulary_map
+    from keras_transformer.pipeline.corpus import Corpus
+    from keras_transformer.tokenizer import sentencepiece_ids
+
+    names = {f.name for f in dataclasses.fields(kt.TrainingConfig)}
+    settings = {k: v for k, v in run.load_args().items() if k in names}
+    corpus = Corpus(kt.TrainingConfig(**settings))
+    if not corpus.has("train"):
+        raise ValueError(f"--vocabulary-map: {run.path} records no training data.")
+    source, _ = sentencepiece_ids(source_tokenizer.model_proto)
+    target, _ = sentencepiece_ids(target_tokenizer.model_proto)
+    pairs = ((s.decode("utf-8", "replace"), t.decode("utf-8", "replace"))
+             for s, t in corpus.pairs("train").as_numpy_iterator())
+    return build_vocabulary_map(pairs, lambda text: source.encode(text, out_type=str),
+                                lambda text: target.encode(text, out_type=str))
 
 
 def export(argv=None):
@@ -144,10 +173,12 @@ def export(argv=None):
         if os.path.exists(os.path.join(base, str(version))):
             raise ValueError(f"{base}/{version} exists: a served version is never "
                              "rewritten; export a new --version.")
+        mapping = training_vocabulary_map(run, source, target) if args.vocabulary_map else None
         path = export_ctranslate2(
             model, source, target, os.path.join(base, str(version)),
             quantization=args.quantization or "float32", beam_size=args.beam_size,
-            alpha=args.alpha, extra_length=args.extra_length, examples=examples)
+            alpha=args.alpha, extra_length=args.extra_length, examples=examples,
+            vocabulary_map=mapping)
         print(path)
         return path
     translator = translator_from_run_directory(

@@ -83,6 +83,10 @@ def build_parser():
     engine.add_argument("--ctranslate2-threads", type=_at_least(0), default=1,
                         help="CTranslate2's threads per search, intra_threads; 0: its "
                         "default (default: %(default)s)")
+    engine.add_argument("--ctranslate2-vocabulary-map", choices=("auto", "on", "off"),
+                        default="auto",
+                        help="use a CTranslate2 export's vocabulary map (vmap.txt): auto (if "
+                        "it has one), on (it must), off (default: %(default)s)")
     engine.add_argument("--ctranslate2-inter-threads", type=_at_least(1), default=1,
                         help="CTranslate2 searches that run at once, inter_threads "
                         "(default: %(default)s)")
@@ -208,7 +212,7 @@ def serve(argv=None):
     metrics_path = _metrics_path(args.monitoring_config_file)
     metrics = Metrics()
     load = version_loader(args.engine, args.ctranslate2_compute_type, args.ctranslate2_threads,
-                          args.ctranslate2_inter_threads)
+                          args.ctranslate2_inter_threads, args.ctranslate2_vocabulary_map)
     make_manager = manager_factory(args.file_system_poll_wait_seconds,
                                    args.max_num_load_retries,
                                    args.load_retry_interval_micros / 1e6, metrics, load=load)

@@ -21,6 +21,8 @@ Layout of an export directory::
                                     target.spm when the vocabularies are separate)
     keras_transformer.json          what was exported (`read_ctranslate2_metadata`)
     examples.json                   example sentences for kt-serve (optional)
+    vmap.txt                        a vocabulary map for `use_vmap` (optional,
+                                    `export/vocabulary_map.py`)
 
 kt-export writes it as a version, `<output-dir>/<name>_ct2/<version>/`, the
 layout kt-serve serves; `CTranslate2Translator` takes either directory.
@@ -61,6 +63,7 @@ from keras_transformer.decoding.transformer_search import (
     DEFAULT_EXTRA_LENGTH,
 )
 from keras_transformer.export.engine import TranslationEngine
+from keras_transformer.export.vocabulary_map import VOCABULARY_MAP_FILE, write_vocabulary_map
 from keras_transformer.files import honour_umask, replace_directory
 from keras_transformer.tokenizer import ADDED_PAD_PIECE, sentencepiece_ids
 
@@ -195,7 +198,8 @@ def check_exportable(config, source, target, quantization="float32"):
 
 def export_ctranslate2(model, source_tokenizer, target_tokenizer, output_dir,
                        quantization="float32", beam_size=DEFAULT_BEAM_SIZE,
-                       alpha=DEFAULT_ALPHA, extra_length=DEFAULT_EXTRA_LENGTH, examples=None):
+                       alpha=DEFAULT_ALPHA, extra_length=DEFAULT_EXTRA_LENGTH, examples=None,
+                       vocabulary_map=None):
     """Writes `model` as a CTranslate2 model directory (layout: the module
     docstring), atomically: into a temporary directory beside `output_dir`,
     then renamed. An existing `output_dir` is replaced once the new one is
@@ -214,6 +218,9 @@ def export_ctranslate2(model, source_tokenizer, target_tokenizer, output_dir,
             CTranslate2's length penalty (see `CTranslate2Translator`).
         examples: optional source sentences (str) for kt-serve's
             playground, written to `examples.json`.
+        vocabulary_map: optional `{source piece: [target pieces]}`
+            (`vocabulary_map.build_vocabulary_map`), written to `vmap.txt`
+            for CTranslate2's `use_vmap`.
 
     Returns: `output_dir`.
 
@@ -280,6 +287,13 @@ def export_ctranslate2(model, source_tokenizer, target_tokenizer, output_dir,
                 f.write(vocabulary.model_proto)
         with open(os.path.join(tmp, METADATA_FILE), "w", encoding="utf-8") as f:
             json.dump(metadata, f, indent=2, sort_keys=True)
+        if vocabulary_map is not None:
+            known = set(target.tokens(config.output_vocab_size))
+            unknown = sorted({t for ts in vocabulary_map.values() for t in ts} - known)
+            if unknown:
+                raise ValueError(f"vocabulary_map names target pieces the model does not "
+                                 f"have: {unknown[:5]}")
+            write_vocabulary_map(os.path.join(tmp, VOCABULARY_MAP_FILE), vocabulary_map)
         if examples is not None:
             with open(os.path.join(tmp, "examples.json"), "w", encoding="utf-8") as f:
                 json.dump([str(e) for e in examples], f, ensure_ascii=False, indent=0)
@@ -453,6 +467,8 @@ class CTranslate2Translator(TranslationEngine):
         intra_threads: threads per search (0: CTranslate2's default).
         inter_threads: searches that may run at once, from as many calling
             threads (CTranslate2's `inter_threads`).
+        vocabulary_map: "auto" (use the export's `vmap.txt` if it has one,
+            CTranslate2's `use_vmap`), "on" (it must have one) or "off".
         output_bytes: translations as the bytes SentencePiece decodes
             (byte pieces that are not valid UTF-8 kept as they are, as the
             SavedModel's string outputs) instead of str.
@@ -487,7 +503,7 @@ class CTranslate2Translator(TranslationEngine):
     """
 
     def __init__(self, model_dir, device="cpu", compute_type="default", intra_threads=0,
-                 inter_threads=1, output_bytes=False):
+                 inter_threads=1, output_bytes=False, vocabulary_map="auto"):
         import sentencepiece
 
         ctranslate2 = import_ctranslate2()
@@ -502,6 +518,14 @@ class CTranslate2Translator(TranslationEngine):
         self.extra_length = defaults.get("extra_length", DEFAULT_EXTRA_LENGTH)
         self.max_source_tokens = self.config.max_length - 1
         self._out_type = bytes if output_bytes else str
+        has_map = os.path.isfile(os.path.join(self.model_dir, VOCABULARY_MAP_FILE))
+        if vocabulary_map not in ("auto", "on", "off"):
+            raise ValueError(f"vocabulary_map must be auto, on or off, received "
+                             f"{vocabulary_map!r}.")
+        if vocabulary_map == "on" and not has_map:
+            raise FileNotFoundError(f"{self.model_dir} has no {VOCABULARY_MAP_FILE}: export "
+                                    "with kt-export --vocabulary-map.")
+        self.use_vmap = has_map and vocabulary_map != "off"
 
         self.source_processor = sentencepiece.SentencePieceProcessor(
             model_file=os.path.join(self.model_dir, self.metadata["source_sentencepiece"]))
@@ -566,7 +590,7 @@ class CTranslate2Translator(TranslationEngine):
                 out = self.translator.translate_batch(
                     [pieces[i] for i in chunk], max_decoding_length=limit,
                     min_decoding_length=0, max_input_length=0, return_scores=True,
-                    **options)
+                    use_vmap=self.use_vmap, **options)
                 for i, result in zip(chunk, out):
                     results[i] = self._ended_with_eos(pieces[i], result, limit,
                                                       options.get("length_penalty", 0.0))

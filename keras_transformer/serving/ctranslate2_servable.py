@@ -88,12 +88,14 @@ class CTranslate2Servable:
         inter_threads: searches that run at once (kt-serve's
             --num-batch-threads or its worker threads call `predict`
             concurrently; each call takes one).
+        vocabulary_map: "auto", "on" or "off": whether to use the export's
+            `vmap.txt` (`CTranslate2Translator`).
     """
 
     engine = "ctranslate2"
 
     def __init__(self, path, version, compute_type="default", intra_threads=1,
-                 inter_threads=1):
+                 inter_threads=1, vocabulary_map="auto"):
         from keras_transformer.export.ctranslate2 import CTranslate2Translator
 
         self.version = version
@@ -101,14 +103,16 @@ class CTranslate2Servable:
         self.translator = CTranslate2Translator(path, compute_type=compute_type,
                                                 intra_threads=intra_threads,
                                                 inter_threads=inter_threads,
-                                                output_bytes=True)
+                                                output_bytes=True,
+                                                vocabulary_map=vocabulary_map)
         self.specs = dict(SPECS)
         self.vocab_size = self.translator.config.output_vocab_size
         self.metadata = {"beam_size": self.translator.beam_size,
                          "alpha": self.translator.alpha,
                          "extra_length": self.translator.extra_length,
                          "engine": self.engine,
-                         "compute_type": self.translator.compute_type}
+                         "compute_type": self.translator.compute_type,
+                         "vocabulary_map": self.translator.use_vmap}
         examples = os.path.join(path, EXAMPLES_FILE)
         self.examples = []
         if os.path.isfile(examples):
@@ -183,11 +187,12 @@ def _best(translations, scores):
 
 
 def load_ctranslate2_servable(path, version, compute_type="default", intra_threads=1,
-                              inter_threads=1):
+                              inter_threads=1, vocabulary_map="auto"):
     """Loads and warms up the CTranslate2 version at `path` (as
     `model_versions.load_servable` does a SavedModel)."""
     start = time.monotonic()
-    servable = CTranslate2Servable(path, version, compute_type, intra_threads, inter_threads)
+    servable = CTranslate2Servable(path, version, compute_type, intra_threads, inter_threads,
+                                   vocabulary_map)
     loaded = time.monotonic()
     servable.warm_up()
     servable.load_seconds = loaded - start

@@ -250,11 +250,12 @@ def single_model(name, manager):
 ENGINES = ("auto", "savedmodel", "ctranslate2")
 
 
-def version_loader(engine="auto", compute_type="default", intra_threads=1, inter_threads=1):
+def version_loader(engine="auto", compute_type="default", intra_threads=1, inter_threads=1,
+                   vocabulary_map="auto"):
     """A `(path, version) -> servable` for `VersionManager`: a SavedModel
     (`model_versions.load_servable`) or a CTranslate2 export
     (`ctranslate2_servable.load_ctranslate2_servable`, with these CTranslate2
-    settings), by what the version directory holds ("auto") or only the
+    settings and vocabulary map choice), by what the version directory holds ("auto") or only the
     one `engine` names (another kind of version fails to load, saying
     why)."""
     if engine not in ENGINES:
@@ -275,7 +276,7 @@ def version_loader(engine="auto", compute_type="default", intra_threads=1, inter
                              f"serves {names[engine][1]} only.")
         if kind == "ctranslate2":
             return load_ctranslate2_servable(path, version, compute_type, intra_threads,
-                                             inter_threads)
+                                             inter_threads, vocabulary_map)
         return load_servable(path, version)
 
     return load
