@@ -35,6 +35,8 @@ SUBCOMMANDS = {
     "ctranslate2": ("ctranslate2_speed", "the SavedModel beside CTranslate2 (float32, int8) "
                                          "on the same weights: throughput, latency"),
     "ctranslate2-bleu": ("ctranslate2_bleu", "BLEU of CTranslate2 exports vs the package's search"),
+    "vocabulary-map": ("vocabulary_map", "CTranslate2 int8 with and without the vocabulary "
+                                         "map: throughput and BLEU"),
     "demo-settings": ("demo_settings", "the demo's training length and checkpoint averaging "
                                        "on validation, over seeds"),
     "input-pipeline": ("input_pipeline", "CPU per update of the training input pipeline: "

@@ -330,6 +330,7 @@ def test_the_playground_works_on_a_ctranslate2_export(browser, tmp_path_factory)
     try:
         info = requests.get(url + "/playground/info", timeout=30).json()
         assert info["engine"] == "ctranslate2"
+        browser.get_log("browser")  # drop the earlier tests' entries
         open_page(browser, (url, "tiny"), info)
         assert "CTranslate2" in browser.find_element(By.ID, "model").text
         browser.find_elements(By.CSS_SELECTOR, "#examples .example")[0].click()

@@ -250,7 +250,7 @@ def test_playground_info_and_files(served):
     url = served["url"]
     info = requests.get(url + "/playground/info", timeout=30).json()
     assert info == {"model_name": NAME, "version": 1, "beam_size": 3, "alpha": 0.6,
-                    "extra_length": 4, "examples": EXAMPLES}
+                    "extra_length": 4, "examples": EXAMPLES, "engine": "savedmodel"}
     index = os.path.join(ROOT, "keras_transformer", "serving", "playground", "index.html")
     response = requests.get(url + "/", timeout=30)
     if os.path.exists(index):
@@ -712,7 +712,7 @@ def test_the_application_with_a_fake_model(tmp_path, caplog):
         assert response.status_code == 404 and "error" in response.json(), response.url
     assert post_index.status_code == 405 and "error" in post_index.json()
     assert info.json() == {"model_name": "m", "version": 1, "beam_size": 4, "alpha": None,
-                           "extra_length": None, "examples": ["x"]}
+                           "extra_length": None, "examples": ["x"], "engine": "savedmodel"}
     assert prediction.json() == {"predictions": [{"score": 0.0, "translation": "a"}]}
     assert crash.status_code == 500
     assert crash.json() == {"error": "Internal error: RuntimeError: unexpected"}

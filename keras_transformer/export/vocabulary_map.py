@@ -62,7 +62,8 @@ def build_vocabulary_map(pairs, source_pieces, target_pieces, per_source=20, alw
     ```python
     from keras_transformer.export.vocabulary_map import build_vocabulary_map
 
-    pairs = [("a dog", "ein hund"), ("a cat", "eine katze"), ("the dog", "der hund")] * 2
+    pairs = [("a dog", "ein hund"), ("a cat", "eine katze"), ("the dog", "der hund"),
+             ("the cat", "die katze")] * 2
     mapping = build_vocabulary_map(pairs, str.split, str.split, per_source=1, always=0)
     assert mapping["dog"] == ["hund"] and mapping["cat"] == ["katze"]
     ```
@@ -90,7 +91,7 @@ def build_vocabulary_map(pairs, source_pieces, target_pieces, per_source=20, alw
 
 
 def write_vocabulary_map(path, mapping):
-    """Writes `mapping` in CTranslate2's format (the "" line first).
+    r"""Writes `mapping` in CTranslate2's format (the "" line first).
     Pieces may hold no tab, space or newline. Returns `path`.
 
     Example:

@@ -37,6 +37,12 @@ import time
 
 import numpy as np
 
+from keras_transformer.export.engine import (
+    SERVING_DEFAULT,
+    TRANSLATE_NBEST,
+    TRANSLATE_SAMPLE,
+    TRANSLATE_WITH_OPTIONS,
+)
 from keras_transformer.serving.model_versions import WARM_UP_SENTENCE, ModelError
 from keras_transformer.serving.rest_api import SignatureSpec, TensorSpec
 
@@ -53,13 +59,13 @@ _BEST = {"translation": _TEXT, "score": _SCORE}
 _SEARCH = {"beam_size": TensorSpec("int32", ()), "alpha": TensorSpec("float32", ()),
            "extra_length": TensorSpec("int32", ())}
 SPECS = {
-    "serving_default": SignatureSpec({"text": _TEXT}, _BEST),
-    "translate_with_options": SignatureSpec({"text": _TEXT, **_SEARCH}, _BEST),
-    "translate_nbest": SignatureSpec(
+    SERVING_DEFAULT: SignatureSpec({"text": _TEXT}, _BEST),
+    TRANSLATE_WITH_OPTIONS: SignatureSpec({"text": _TEXT, **_SEARCH}, _BEST),
+    TRANSLATE_NBEST: SignatureSpec(
         {"text": _TEXT, "n": TensorSpec("int32", ()), **_SEARCH},
         {"translations": TensorSpec("string", (None, None)),
          "scores": TensorSpec("float32", (None, None))}),
-    "translate_sample": SignatureSpec(
+    TRANSLATE_SAMPLE: SignatureSpec(
         {"text": _TEXT, "temperature": TensorSpec("float32", ()),
          "top_k": TensorSpec("int32", ()), "top_p": TensorSpec("float32", ()),
          "seed": TensorSpec("int64", ()), "extra_length": TensorSpec("int32", ())},
@@ -134,12 +140,12 @@ class CTranslate2Servable:
         text = [t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t)
                 for t in inputs["text"].tolist()]
         translator = self.translator
-        if signature == "serving_default":
+        if signature == SERVING_DEFAULT:
             return _best(*translator.translate(text))
-        if signature == "translate_with_options":
+        if signature == TRANSLATE_WITH_OPTIONS:
             beam_size, alpha, extra_length = self._search(inputs)
             return _best(*translator.translate(text, beam_size, alpha, extra_length))
-        if signature == "translate_nbest":
+        if signature == TRANSLATE_NBEST:
             beam_size, alpha, extra_length = self._search(inputs)
             n = int(inputs["n"])
             if not 1 <= n <= beam_size:
@@ -149,7 +155,7 @@ class CTranslate2Servable:
                                              object).reshape(len(text), n),
                     "scores": np.array([[s for _, s in row] for row in nbest],
                                        np.float32).reshape(len(text), n)}
-        if signature == "translate_sample":
+        if signature == TRANSLATE_SAMPLE:
             temperature = float(inputs["temperature"])
             top_k, top_p = int(inputs["top_k"]), float(inputs["top_p"])
             if not temperature >= 0:
