@@ -42,7 +42,7 @@ def count_cooccurrences(pairs, source_pieces, target_pieces):
     return total, source_counts, target_counts, joint
 
 
-def build_vocabulary_map(pairs, source_pieces, target_pieces, per_source=20, always=100,
+def build_vocabulary_map(pairs, source_pieces, target_pieces, per_source=150, always=300,
                          min_count=2, special=()):
     """The map of `pairs` (see the module docstring).
 
