@@ -139,3 +139,105 @@ def test_the_servable_runs_without_a_server(exports):
                            {"text": np.array([s.encode() for s in SENTENCES], object)})
     assert out["translation"].dtype == object and out["score"].dtype == np.float32
     assert out["translation"][3] == b"" and out["score"][3] == 0.0
+
+
+def test_sixteen_clients_and_a_new_version_on_ctranslate2(tmp_path):
+    """The load test's checks on the CTranslate2 engine: 16 clients send
+    valid requests (1-4 sentences) and faulty ones while version 2 is
+    published; every valid answer is version 1's or 2's own (computed in
+    this process with the same engine), only version 2's once the status
+    shows it, faulty ones get their 4xx, nothing gets a 5xx."""
+    import concurrent.futures
+    import itertools
+    import random
+    import shutil
+    import time
+
+    base = tmp_path / "served" / "tiny"
+    one = export_tiny_ctranslate2(tmp_path / "v", name="a", version=1, seed=1)
+    two = export_tiny_ctranslate2(tmp_path / "v", name="b", version=2, seed=2)
+    os.makedirs(base)
+    shutil.copytree(one, base / "1")
+    staged = tmp_path / "staged-2"
+    shutil.copytree(two, staged)
+    sentences = ["the dog sees a cat", "a red house", "two men", "", "a girl runs",
+                 "the small boy eats an apple", "Ein Hund.", "many birds fly"]
+    expected = {}
+    for version, path in ((1, one), (2, two)):
+        servable = CTranslate2Servable(path, version)
+        out = servable.predict("serving_default",
+                               {"text": np.array([s.encode() for s in sentences], object)})
+        expected[version] = {s: (t.decode("utf-8", "replace"), float(score))
+                             for s, t, score in zip(sentences, out["translation"],
+                                                    out["score"])}
+    process, url = start_server(["--model-name", "tiny", "--model-base-path", str(base),
+                                 "--enable-batching", "--file-system-poll-wait-seconds", "0.2"])
+    rng = random.Random(0)
+    work = []
+    for i in range(400):
+        if i % 10 == 9:
+            work.append(("bad", b'{"inputs": {"text": [1]}}', 400))
+        elif i % 10 == 8:
+            work.append(("unknown", b'{"inputs": {"text": ["a"]}}', 404))
+        else:
+            work.append(("ok", rng.sample(sentences, rng.randint(1, 4)), 200))
+    seen_two = []
+    failures = []
+    answered = []  # the version of each answer that tells them apart
+
+    def client(items):
+        # Until a second after version 2 showed AVAILABLE (at most a minute).
+        deadline = time.monotonic() + 60
+        with requests.Session() as session:
+            for kind, payload, status in itertools.cycle(items):
+                sent = time.monotonic()
+                if sent > deadline or (seen_two and sent > seen_two[0] + 1.0):
+                    return
+                path = "nope" if kind == "unknown" else "tiny"
+                if kind == "ok":
+                    answer = session.post(f"{url}/v1/models/{path}:predict", timeout=60,
+                                          json={"inputs": {"text": payload}})
+                else:
+                    answer = session.post(f"{url}/v1/models/{path}:predict", timeout=60,
+                                          data=payload,
+                                          headers={"Content-Type": "application/json"})
+                if answer.status_code != status:
+                    failures.append((kind, answer.status_code, answer.text[:200]))
+                    continue
+                if kind != "ok":
+                    continue
+                outputs = answer.json()["outputs"]
+                allowed = (2,) if seen_two and sent > seen_two[0] else (1, 2)
+                matches = [v for v in allowed
+                           if outputs["translation"] == [expected[v][s][0] for s in payload]
+                           and np.allclose(outputs["score"],
+                                           [expected[v][s][1] for s in payload],
+                                           rtol=SCORE_RTOL, atol=1e-5)]
+                if not matches:
+                    failures.append(("wrong answer", payload, outputs, allowed))
+                elif all(expected[1][s] != expected[2][s] for s in payload if s):
+                    answered.append(matches[0])
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(17) as pool:
+            futures = [pool.submit(client, work[k::16]) for k in range(16)]
+            time.sleep(1.0)
+            os.rename(staged, base / "2")  # published mid-run, as kt-export does
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                status = requests.get(f"{url}/v1/models/tiny", timeout=30).json()
+                states = {int(v["version"]): v["state"]
+                          for v in status["model_version_status"]}
+                if states.get(2) == "AVAILABLE":
+                    seen_two.append(time.monotonic())
+                    break
+                time.sleep(0.05)
+            for future in futures:
+                future.result()
+    finally:
+        stop_server(process)
+    assert seen_two, "version 2 never became AVAILABLE"
+    assert failures == [], failures[:5]
+    # The swap happened under load: both versions answered.
+    assert answered.count(1) > 0 and answered.count(2) > 0, answered
+    assert "Traceback" not in process.stderr_text
