@@ -169,7 +169,7 @@ def export(argv=None):
         model = run.load_model(prefix, quiet=True)
         source, target = run.load_tokenizers()
         base = os.path.join(args.output_dir, f"{name}_ct2")
-        version = args.version or max(versions(base), default=0) + 1
+        version = max(versions(base), default=0) + 1 if args.version is None else args.version
         if os.path.exists(os.path.join(base, str(version))):
             raise ValueError(f"{base}/{version} exists: a served version is never "
                              "rewritten; export a new --version.")

@@ -73,6 +73,12 @@ STATUS_CODES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 405: "UNIMPLEMENTED",
                 499: "CANCELLED", 500: "INTERNAL", 503: "UNAVAILABLE",
                 504: "DEADLINE_EXCEEDED"}
 METRICS_PATH = "/monitoring/prometheus/metrics"
+
+
+def status_code_name(status):
+    """The canonical code name of an HTTP status, "OK" for 200, for
+    metrics and gRPC."""
+    return "OK" if status == 200 else STATUS_CODES.get(status, "UNKNOWN")
 # Request bodies (and answers, estimated) up to this size are converted on
 # the event loop; larger ones on a worker thread, so the loop keeps
 # answering while a big one parses.
@@ -292,13 +298,21 @@ class ServingApp:
             raise RestError(f"Servable not found for request: {which}", 404)
         return servable
 
-    def _status(self, name, version):
+    def status_entries(self, name, version=None):
+        """`VersionManager.status` of model `name`, or `RestError` 404 in
+        TF Serving's words when it has none."""
         manager = self.models.get(name)
         entries = manager.status(version) if manager is not None else []
         if not entries:
-            message = (f"Could not find any versions of model {name}" if version is None
-                       else f"Could not find version {version} of model {name}")
-            return error_response(message, 404)
+            raise RestError(f"Could not find any versions of model {name}" if version is None
+                            else f"Could not find version {version} of model {name}", 404)
+        return entries
+
+    def _status(self, name, version):
+        try:
+            entries = self.status_entries(name, version)
+        except RestError as e:
+            return error_response(e.message, e.status)
         return json_response(rest_api.model_status(entries))
 
     def _metadata(self, name, version):
@@ -335,8 +349,8 @@ class ServingApp:
             status = e.status
             return error_response(e.message, e.status)
         finally:
-            self.metrics.observe_request(name, "OK" if status == 200 else STATUS_CODES.get(
-                status, "UNKNOWN"), (time.monotonic() - start) * 1e6, "REST")
+            self.metrics.observe_request(name, status_code_name(status),
+                                         (time.monotonic() - start) * 1e6, "REST")
 
     async def _off_loop(self, size, function, *args):
         """`function(*args)`, on a worker thread when `size` (bytes, about)

@@ -33,7 +33,6 @@ n-best lists and scores without the alignment view.
 import json
 import math
 import os
-import time
 
 import numpy as np
 
@@ -43,7 +42,7 @@ from keras_transformer.export.engine import (
     TRANSLATE_SAMPLE,
     TRANSLATE_WITH_OPTIONS,
 )
-from keras_transformer.serving.model_versions import WARM_UP_SENTENCE, ModelError
+from keras_transformer.serving.model_versions import WARM_UP_SENTENCE, ModelError, load_servable
 from keras_transformer.serving.rest_api import SignatureSpec, TensorSpec
 
 MODEL_FILE = "model.bin"
@@ -137,8 +136,7 @@ class CTranslate2Servable:
         Returns: `{output name: np.ndarray}` (strings as UTF-8 bytes).
         Raises: `ModelError` for options out of range.
         """
-        text = [t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t)
-                for t in inputs["text"].tolist()]
+        text = inputs["text"].tolist()  # bytes: the translator decodes them as UTF-8
         translator = self.translator
         if signature == SERVING_DEFAULT:
             return _best(*translator.translate(text))
@@ -194,13 +192,10 @@ def _best(translations, scores):
 
 def load_ctranslate2_servable(path, version, compute_type="default", intra_threads=1,
                               inter_threads=1, vocabulary_map="auto"):
-    """Loads and warms up the CTranslate2 version at `path` (as
-    `model_versions.load_servable` does a SavedModel)."""
-    start = time.monotonic()
-    servable = CTranslate2Servable(path, version, compute_type, intra_threads, inter_threads,
+    """Loads and warms up the CTranslate2 version at `path`
+    (`model_versions.load_servable` with a `CTranslate2Servable`)."""
+    def make(path, version):
+        return CTranslate2Servable(path, version, compute_type, intra_threads, inter_threads,
                                    vocabulary_map)
-    loaded = time.monotonic()
-    servable.warm_up()
-    servable.load_seconds = loaded - start
-    servable.warmup_seconds = time.monotonic() - loaded
-    return servable
+
+    return load_servable(path, version, make)

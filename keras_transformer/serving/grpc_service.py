@@ -48,9 +48,9 @@ def _model_spec(spec):
 
 
 def _code(grpc, status):
-    from keras_transformer.serving.app import STATUS_CODES
+    from keras_transformer.serving.app import status_code_name
 
-    return getattr(grpc.StatusCode, STATUS_CODES.get(status, "UNKNOWN"))
+    return getattr(grpc.StatusCode, status_code_name(status))
 
 
 def signature_defs(servable):
@@ -77,12 +77,12 @@ def _signature_defs_of(specs):
     import tensorflow as tf
     from tensorflow.core.protobuf import meta_graph_pb2
 
+    from keras_transformer.serving.model_versions import tf_dtype
     from keras_transformer.serving.rest_api import PREDICT_METHOD
 
     def info(name, spec, proto):
-        dtype = tf.string if spec.dtype == "string" else tf.as_dtype(spec.dtype)
         proto.name = name
-        proto.dtype = dtype.as_datatype_enum
+        proto.dtype = tf_dtype(tf, spec).as_datatype_enum
         for size in spec.shape:
             proto.tensor_shape.dim.add().size = -1 if size is None else size
 
@@ -127,11 +127,10 @@ class GrpcServices:
             status = e.status
             context.abort(_code(self.grpc, e.status), e.message)
         finally:
-            from keras_transformer.serving.app import STATUS_CODES
+            from keras_transformer.serving.app import status_code_name
 
-            self.app.metrics.observe_request(
-                name, "OK" if status == 200 else STATUS_CODES.get(status, "UNKNOWN"),
-                (time.monotonic() - start) * 1e6, "GRPC")
+            self.app.metrics.observe_request(name, status_code_name(status),
+                                             (time.monotonic() - start) * 1e6, "GRPC")
 
     async def _predict(self, request, start):
         tf = self.tf
@@ -202,14 +201,9 @@ class GrpcServices:
         try:
             if label is not None:
                 version = self.app.label_version(name, label)
+            entries = self.app.status_entries(name, version)
         except RestError as e:
             context.abort(_code(self.grpc, e.status), e.message)
-        manager = self.app.models.get(name)
-        entries = manager.status(version) if manager is not None else []
-        if not entries:
-            context.abort(self.grpc.StatusCode.NOT_FOUND,
-                          f"Could not find any versions of model {name}" if version is None
-                          else f"Could not find version {version} of model {name}")
         response = self.status_pb2.GetModelStatusResponse()
         for number, state, error in entries:
             status = response.model_version_status.add()

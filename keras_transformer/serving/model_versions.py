@@ -135,7 +135,7 @@ class Servable:
         `ModelOverloaded` when they need more memory than there is.
         """
         tf = self._tf
-        tensors = {name: tf.constant(value, _tf_dtype(tf, self.specs[signature].inputs[name]))
+        tensors = {name: tf.constant(value, tf_dtype(tf, self.specs[signature].inputs[name]))
                    for name, value in inputs.items()}
         try:
             outputs = self._signatures[signature](**tensors)
@@ -161,15 +161,16 @@ def _tensor_spec(spec):
     return TensorSpec(dtype, tuple(spec.shape.as_list()))
 
 
-def _tf_dtype(tf, spec):
+def tf_dtype(tf, spec):
     return tf.string if spec.dtype == "string" else tf.as_dtype(spec.dtype)
 
 
-def load_servable(path, version):
-    """Loads and warms up the version at `path`. The servable's
-    `load_seconds` and `warmup_seconds` say how long each took."""
+def load_servable(path, version, make=Servable):
+    """Loads (`make(path, version)`, a SavedModel's `Servable` by default)
+    and warms up the version at `path`. The servable's `load_seconds` and
+    `warmup_seconds` say how long each took."""
     start = time.monotonic()
-    servable = Servable(path, version)
+    servable = make(path, version)
     loaded = time.monotonic()
     servable.warm_up()
     servable.load_seconds = loaded - start
@@ -181,10 +182,11 @@ def servable_versions(base_path):
     """The integer version directories under `base_path` (`versions`) that
     hold a SavedModel (saved_model.pb) or a CTranslate2 export (model.bin
     and keras_transformer.json), sorted."""
+    from keras_transformer.serving.ctranslate2_servable import is_ctranslate2_version
+
     def complete(path):
         return (os.path.isfile(os.path.join(path, "saved_model.pb"))
-                or all(os.path.isfile(os.path.join(path, name))
-                       for name in ("model.bin", "keras_transformer.json")))
+                or is_ctranslate2_version(path))
 
     return [v for v in versions(base_path) if complete(os.path.join(base_path, str(v)))]
 
