@@ -42,11 +42,14 @@ from keras_transformer.export.engine import (
     TRANSLATE_SAMPLE,
     TRANSLATE_WITH_OPTIONS,
 )
-from keras_transformer.serving.model_versions import WARM_UP_SENTENCE, ModelError, load_servable
+from keras_transformer.serving.model_versions import (  # noqa: F401  (is_ctranslate2_version: this module's too)
+    WARM_UP_SENTENCE,
+    ModelError,
+    is_ctranslate2_version,
+    load_servable,
+)
 from keras_transformer.serving.rest_api import SignatureSpec, TensorSpec
 
-MODEL_FILE = "model.bin"
-METADATA_FILE = "keras_transformer.json"
 EXAMPLES_FILE = "examples.json"
 # The SavedModel's bound (export/translator.py `MAX_EXTRA_LENGTH`), kept
 # here without TensorFlow; a test holds the two equal.
@@ -70,13 +73,6 @@ SPECS = {
          "seed": TensorSpec("int64", ()), "extra_length": TensorSpec("int32", ())},
         _BEST),
 }
-
-
-def is_ctranslate2_version(path):
-    """Whether the directory `path` is a CTranslate2 export of this
-    package."""
-    return (os.path.isfile(os.path.join(path, MODEL_FILE))
-            and os.path.isfile(os.path.join(path, METADATA_FILE)))
 
 
 class CTranslate2Servable:

@@ -178,12 +178,18 @@ def load_servable(path, version, make=Servable):
     return servable
 
 
+def is_ctranslate2_version(path):
+    """Whether the directory `path` is a CTranslate2 export of this package
+    (`model.bin` and `keras_transformer.json`, as kt-export --format
+    ctranslate2 writes them)."""
+    return all(os.path.isfile(os.path.join(path, name))
+               for name in ("model.bin", "keras_transformer.json"))
+
+
 def servable_versions(base_path):
     """The integer version directories under `base_path` (`versions`) that
     hold a SavedModel (saved_model.pb) or a CTranslate2 export (model.bin
     and keras_transformer.json), sorted."""
-    from keras_transformer.serving.ctranslate2_servable import is_ctranslate2_version
-
     def complete(path):
         return (os.path.isfile(os.path.join(path, "saved_model.pb"))
                 or is_ctranslate2_version(path))
