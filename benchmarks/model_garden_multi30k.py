@@ -180,9 +180,10 @@ def main(argv=None):
     decode_start = time.perf_counter()
     hypotheses = translate_file(model, tokenizer, sources, args.decode_batch)
     decode_s = time.perf_counter() - decode_start
-    scores = score_translations(hypotheses, references)
+    scores = score_translations(hypotheses, references, tokenized_bleu_lang=args.tgt_lang)
     print(scores["bleu_text"])
     print(scores["chrf_text"])
+    print(scores["tokenized_bleu_text"])
     print(f"wall time: training {trained_s:.0f} s, test decoding {decode_s:.0f} s")
     if args.hypotheses:
         with open(args.hypotheses, "w", encoding="utf-8") as f:
@@ -195,6 +196,8 @@ def main(argv=None):
         "bleu": round(scores["bleu"], 2), "chrf": round(scores["chrf"], 2),
         "bleu_signature": scores["bleu_signature"], "bleu_text": scores["bleu_text"],
         "chrf_text": scores["chrf_text"],
+        "tokenized_bleu": round(scores["tokenized_bleu"], 2),
+        "tokenized_bleu_text": scores["tokenized_bleu_text"],
     }
     provenance.write_result(document, fields, "model-garden-multi30k", path=args.output)
     return document

@@ -56,7 +56,8 @@ trained=$(date +%s)
 kt-average --run-dir "$RUN_DIR" --from "$SELECTION" --num 5 --allow-fewer
 averaged=$(date +%s)
 kt-evaluate --run-dir "$RUN_DIR" --beam-size 4 --alpha "$ALPHA" --extra-length 50 \
-    --source "$SOURCE" --reference "$REFERENCE" --hypotheses "$RUN_DIR/test_2016_flickr.hyp.de"
+    --source "$SOURCE" --reference "$REFERENCE" --hypotheses "$RUN_DIR/test_2016_flickr.hyp.de" \
+    --tokenized-bleu de
 done_at=$(date +%s)
 echo "wall time: training $((trained - start)) s (vocabulary included), averaging" \
      "$((averaged - trained)) s, test decoding and scoring $((done_at - averaged)) s"

@@ -6,7 +6,10 @@ detokenized output, printing sacreBLEU's signature strings.
         --reference ../shared/data/multi30k/test_2016_flickr.de.gz
 
 One sentence per line in --source and --reference (.gz ok). The
-translations can be kept with --hypotheses.
+translations can be kept with --hypotheses. --tokenized-bleu de adds the
+BLEU the Multi30k papers report (lowercased, punctuation-normalised,
+Moses-tokenized), on its own labelled line: a different number from
+sacreBLEU's.
 
 --engine ctranslate2 scores CTranslate2's translations instead, of an
 export (--ctranslate2-model DIR) or of a run directory's weights converted
@@ -39,6 +42,10 @@ def build_parser():
     parser.add_argument("--hypotheses", help="also write the translations here")
     parser.add_argument("--tokenize", default="13a",
                         help="sacreBLEU BLEU tokenizer (default: %(default)s)")
+    parser.add_argument("--tokenized-bleu", metavar="LANG",
+                        help="also print the BLEU the Multi30k papers report (lowercased, "
+                             "punctuation-normalised, Moses-tokenized, multi-bleu.perl) for "
+                             "target language LANG, on its own labelled line")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
     return parser
@@ -71,11 +78,15 @@ def evaluate(argv=None, stdout=None):
         from keras_transformer.files import write_atomically
 
         write_atomically(args.hypotheses, "".join(t + "\n" for t in translations).encode())
-    scores = score_translations(translations, references, tokenize=args.tokenize)
+    scores = score_translations(translations, references, tokenize=args.tokenize,
+                                tokenized_bleu_lang=args.tokenized_bleu)
     if args.json:
         out.write(json.dumps(scores, indent=2) + "\n")
     else:
-        out.write(scores["bleu_text"] + "\n" + scores["chrf_text"] + "\n")
+        lines = [scores["bleu_text"], scores["chrf_text"]]
+        if args.tokenized_bleu:
+            lines.append(scores["tokenized_bleu_text"])
+        out.write("".join(line + "\n" for line in lines))
     return scores
 
 
