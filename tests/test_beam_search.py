@@ -537,7 +537,8 @@ def test_the_model_search_runs_its_first_step_untiled_with_the_same_result():
 
     tiled = [np.asarray(t) for t in beam_search(
         counted, initial_ids, cache, 3, 0.6, 12, eos_id=config.eos_id, pad_id=config.pad_id,
-        reorders_cache=True, cache_phases=[8, 12], grow_cache=model.decoder.grow_cache)]
+        reorders_cache=True, cache_phases=[8, 12], grow_cache=model.decoder.grow_cache,
+        min_length=decoding.DEFAULT_MIN_LENGTH)]
     assert calls[0] == 12  # the reference really ran step 0 on every beam
     np.testing.assert_array_equal(np.asarray(sequences), tiled[0])
     np.testing.assert_allclose(np.asarray(scores), tiled[1], rtol=1e-5, atol=1e-6)

@@ -253,9 +253,12 @@ def padded(rows, pad_id):
     return np.array([r + [pad_id] * (width - len(r)) for r in rows], np.int32)
 
 
-def test_greedy_search_gives_the_package_greedy_tokens(exports, eos_model):
+@pytest.mark.parametrize("min_length", [0, 1, 3])
+def test_greedy_search_gives_the_package_greedy_tokens(exports, eos_model, min_length):
     # Two models: one whose searches end at eos at various lengths, and a
-    # random one whose searches mostly run to the limit.
+    # random one whose searches mostly run to the limit. CTranslate2's
+    # min_decoding_length masks eos before the softmax, as the package's
+    # min_length does: the same tokens and scores.
     pre_ln = exports("pre_ln")
     for model, source, path in (eos_model, (pre_ln[0], pre_ln[1], pre_ln[3])):
         config = model.config
@@ -263,11 +266,12 @@ def test_greedy_search_gives_the_package_greedy_tokens(exports, eos_model):
         batch = [ids(source, s) for s in SENTENCES]
         source_ids = padded([s + [config.eos_id] for s in batch], config.pad_id)
         # One batch: the limit follows its width, the same for every sentence.
-        sequences, scores = greedy_translate(model, source_ids, EXTRA_LENGTH)
+        sequences, scores = greedy_translate(model, source_ids, EXTRA_LENGTH,
+                                             min_length=min_length)
         limit = min(source_ids.shape[1] + EXTRA_LENGTH, config.max_length)
         results = translator.translator.translate_batch(
             [pieces(source, s) for s in SENTENCES], beam_size=1, max_decoding_length=limit,
-            min_decoding_length=0, return_scores=True, length_penalty=0.0)
+            min_decoding_length=min_length, return_scores=True, length_penalty=0.0)
         ended = 0
         for sequence, score, result in zip(sequences, scores, results):
             expected, has_eos = package_ids(sequence, config.eos_id, config.pad_id)
@@ -277,6 +281,8 @@ def test_greedy_search_gives_the_package_greedy_tokens(exports, eos_model):
             assert result.scores[0] == pytest.approx(float(score), rel=1e-5, abs=1e-4)
         if model is eos_model[0]:
             assert 0 < ended < len(SENTENCES)
+        assert all(len(package_ids(s, config.eos_id, config.pad_id)[0]) >= min_length
+                   for s in sequences)
 
 
 def test_beam_scores_are_log_p_over_length_to_the_alpha(eos_model):
@@ -328,7 +334,8 @@ def test_beam_search_at_alpha_0_against_the_package(eos_model):
         limit = decoding_limit(len(batch[i]), EXTRA_LENGTH, config.max_length)
         result = translator.translator.translate_batch(
             [pieces(source, sentence)], beam_size=4, max_decoding_length=limit,
-            min_decoding_length=0, return_scores=True, length_penalty=0.0)[0]
+            min_decoding_length=translator.min_length, return_scores=True,
+            length_penalty=0.0)[0]
         got = [translator._target_ids[t] for t in result.hypotheses[0]]
         assert len(got) <= limit and len(expected) < limit
         if len(got) == limit:
@@ -468,7 +475,8 @@ def test_kt_export_writes_the_ctranslate2_directory(run_and_export):
     assert path == str(tmp_path / "out" / "de_en_ct2" / "1")
     assert run_and_export["printed"] == path + "\n"
     metadata = read_ctranslate2_metadata(path)
-    assert metadata["defaults"] == {"beam_size": 2, "alpha": 0.6, "extra_length": 3}
+    assert metadata["defaults"] == {"beam_size": 2, "alpha": 0.6, "extra_length": 3,
+                                    "min_length": 1}
     assert metadata["config"] == run.load_config().to_dict()
 
 

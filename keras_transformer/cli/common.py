@@ -92,7 +92,12 @@ def run_command(function, argv):
 
 
 def add_decoding_arguments(parser, defaults_from_model=False, xla=True):
-    from keras_transformer.decoding import DEFAULT_ALPHA, DEFAULT_BEAM_SIZE, DEFAULT_EXTRA_LENGTH
+    from keras_transformer.decoding import (
+        DEFAULT_ALPHA,
+        DEFAULT_BEAM_SIZE,
+        DEFAULT_EXTRA_LENGTH,
+        DEFAULT_MIN_LENGTH,
+    )
 
     note = " (default: the SavedModel's, else %(default)s)" if defaults_from_model else ""
     parser.add_argument("--beam-size", type=int, default=None if defaults_from_model
@@ -104,6 +109,11 @@ def add_decoding_arguments(parser, defaults_from_model=False, xla=True):
                         else DEFAULT_EXTRA_LENGTH,
                         help="output may be this many tokens longer than the input; "
                         "paper: 50" + note)
+    parser.add_argument("--min-length", type=int, default=None if defaults_from_model
+                        else DEFAULT_MIN_LENGTH,
+                        help="the fewest subword pieces before eos (1: a non-empty sentence "
+                        "never translates to an empty line; 0: eos may come first); a "
+                        "SavedModel's is fixed at export" + note)
     if not xla:
         return
     parser.add_argument("--xla", action=argparse.BooleanOptionalAction, default=True,
@@ -168,16 +178,17 @@ def open_from_args(args):
         if args.ctranslate2_model is not None:
             return CTranslate2Translator(args.ctranslate2_model,
                                          vocabulary_map=args.vocabulary_map or "auto",
-                                         **options)
+                                         min_length=args.min_length, **options)
         translator, reason = ctranslate2_translator_from_run(
             args.run_dir, args.checkpoint, beam_size=args.beam_size, alpha=args.alpha,
-            extra_length=args.extra_length, **options)
+            extra_length=args.extra_length, min_length=args.min_length, **options)
         print(f"CTranslate2 engine: converted {reason}", file=sys.stderr, flush=True)
         return translator
     return open_translator(
         run_dir=args.run_dir, checkpoint=args.checkpoint,
         saved_model=getattr(args, "saved_model", None),
         beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length,
+        min_length=args.min_length,
     )
 
 

@@ -178,12 +178,13 @@ def export(argv=None):
             model, source, target, os.path.join(base, str(version)),
             quantization=args.quantization or "float32", beam_size=args.beam_size,
             alpha=args.alpha, extra_length=args.extra_length, examples=examples,
-            vocabulary_map=mapping)
+            vocabulary_map=mapping, min_length=args.min_length)
         print(path)
         return path
     translator = translator_from_run_directory(
         run, prefix, beam_size=args.beam_size, alpha=args.alpha,
         extra_length=args.extra_length, xla_column_blocks=args.xla_column_blocks,
+        min_length=args.min_length,
     )
     path = export_translator(translator, args.output_dir, name, args.version,
                              examples=examples)

@@ -9,6 +9,7 @@ from keras_transformer.decoding.transformer_search import (
     DEFAULT_ALPHA,
     DEFAULT_BEAM_SIZE,
     DEFAULT_EXTRA_LENGTH,
+    DEFAULT_MIN_LENGTH,
     beam_search_translate,
     decoding_length,
     greedy_translate,

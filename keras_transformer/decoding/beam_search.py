@@ -50,6 +50,8 @@ from keras import ops
 
 from keras_transformer.decoding.common import (
     SCORE_DTYPE,
+    check_min_length,
+    forbid_early_eos,
     large_negative,
     length_penalty,
     log_softmax,
@@ -93,7 +95,7 @@ def _flat_beam_indices(beam_indices, beams_in):
 def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alpha,
                 max_decode_length, eos_id, pad_id=0, length_limit=None,
                 reorders_cache=False, cache_phases=None, grow_cache=None,
-                untiled_first_step=False):
+                untiled_first_step=False, min_length=0):
     """Batched beam search.
 
     Args:
@@ -145,6 +147,14 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
             identical, so this is the same search for `1 / beam_size` of the
             first step's work. The step function must then accept any
             number of rows per sentence.
+        min_length: int or scalar int tensor: no hypothesis ends before
+            this many tokens that are not eos (eos is never a candidate
+            earlier; the other tokens' log-probabilities are renormalised
+            there, `common.forbid_early_eos`), unless its sentence's limit
+            leaves no room (a limit of at most `min_length` still ends
+            with the forced eos). 0: eos may come first (an empty output).
+            The model-level searches (`beam_search_translate`) default to
+            1, as fairseq and CTranslate2.
 
     Returns:
         `(sequences (batch, beam, max_decode_length) int32, scores (batch,
@@ -162,6 +172,7 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
     """
     if isinstance(beam_size, int) and beam_size < 1:
         raise ValueError(f"`beam_size` must be at least 1, received {beam_size}.")
+    check_min_length(min_length)
     max_length = resolve_max_length(max_decode_length)
     phases = _checked_phases(cache_phases, max_length, grow_cache)
     initial_ids = ops.cast(initial_ids, "int32")
@@ -227,7 +238,8 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
         `state`; returns the next state."""
         step = state["step"]
         vocab_size = ops.shape(log_probs)[-1]
-        log_probs = ops.reshape(log_probs, (batch_size, beam, vocab_size))
+        log_probs = forbid_early_eos(ops.reshape(log_probs, (batch_size, beam, vocab_size)),
+                                     step, min_length, limit, eos_id)
         # At a sentence's limit only eos may follow, at its own cost.
         at_limit = ops.reshape(ops.equal(step + 1, limit), (-1, 1, 1))
         not_eos = ops.reshape(ops.not_equal(ops.arange(vocab_size), eos_id), (1, 1, -1))

@@ -47,6 +47,39 @@ def log_softmax(logits):
     return ops.maximum(log_probs, large_negative(SCORE_DTYPE))
 
 
+def forbid_early_eos(log_probs, step, min_length, limit, eos_id):
+    """`log_probs` `(batch, ..., vocab)` float32, normalised, with eos
+    removed and the rest renormalised in the rows whose output would end
+    before `min_length` tokens that are not eos (`step < min_length`; step
+    `t` writes token `t + 1`), except where the step reaches the row's
+    `limit` `(batch,)` (there eos is all a beam search may write, so a limit
+    of at most `min_length` still gives a hypothesis). The same as masking
+    eos's logit before the softmax, as CTranslate2's
+    `min_decoding_length` does (so both engines score alike); fairseq's
+    `--min-len` masks without renormalising, which ranks the same
+    hypotheses for `min_length=1`. With `min_length=1` a non-empty
+    sentence never gets an empty translation. `min_length` may be a Python
+    int (0: `log_probs` unchanged) or a scalar int tensor."""
+    if isinstance(min_length, int) and min_length <= 0:
+        return log_probs
+    negative = large_negative(SCORE_DTYPE)
+    early = ops.logical_and(ops.less(step, ops.cast(min_length, "int32")),
+                            ops.less(step + 1, limit))
+    early = ops.reshape(early, (-1,) + (1,) * (len(log_probs.shape) - 1))
+    is_eos = ops.equal(ops.arange(ops.shape(log_probs)[-1]), eos_id)
+    masked = ops.where(is_eos, negative, log_probs)
+    rest = ops.logsumexp(masked, axis=-1, keepdims=True)  # log(1 - P(eos))
+    # A row where eos was the only possible token keeps its (floored) values.
+    renormalised = ops.where(ops.greater(rest, negative / 2), masked - rest, masked)
+    return ops.where(early, ops.maximum(renormalised, negative), log_probs)
+
+
+def check_min_length(min_length):
+    """A `ValueError` for a Python `min_length` below 0 (tensors pass)."""
+    if isinstance(min_length, int) and min_length < 0:
+        raise ValueError(f"`min_length` must be >= 0, received {min_length}.")
+
+
 # `top_k` splits a long last axis into chunks of this many entries.
 TOP_K_CHUNK = 128
 

@@ -5,7 +5,7 @@ from keras_transformer.decoding.sampling import sampling_search
 
 
 def greedy_search(symbols_to_logits_fn, initial_ids, initial_cache, max_decode_length,
-                  eos_id, pad_id=0):
+                  eos_id, pad_id=0, min_length=0):
     """Decodes `argmax` tokens until every sentence has produced `eos_id` or
     `max_decode_length` tokens.
 
@@ -20,6 +20,8 @@ def greedy_search(symbols_to_logits_fn, initial_ids, initial_cache, max_decode_l
             generate (eos included).
         eos_id: the end-of-sentence id.
         pad_id: written after a sentence's eos.
+        min_length: eos is not chosen before this many other tokens (see
+            `sampling_search`).
 
     Returns:
         `(sequences (batch, max_decode_length) int32, scores (batch,) float32)`:
@@ -28,4 +30,4 @@ def greedy_search(symbols_to_logits_fn, initial_ids, initial_cache, max_decode_l
     """
     # Sampling at temperature 0 takes the argmax: one loop for both.
     return sampling_search(symbols_to_logits_fn, initial_ids, initial_cache, max_decode_length,
-                           eos_id, pad_id=pad_id, temperature=0.0)
+                           eos_id, pad_id=pad_id, temperature=0.0, min_length=min_length)

@@ -19,6 +19,8 @@ from keras import ops
 
 from keras_transformer.decoding.common import (
     SCORE_DTYPE,
+    check_min_length,
+    forbid_early_eos,
     log_softmax,
     resolve_max_length,
     write_position,
@@ -36,7 +38,7 @@ def sampling_noise(batch_size, max_decode_length, seed=0):
 
 def sampling_search(symbols_to_logits_fn, initial_ids, initial_cache, max_decode_length,
                     eos_id, pad_id=0, temperature=1.0, top_k=0, top_p=1.0, noise=None,
-                    seed=0, length_limit=None):
+                    seed=0, length_limit=None, min_length=0):
     """Decodes sampled tokens until every sentence has produced `eos_id` or
     reached its length limit.
 
@@ -78,16 +80,22 @@ def sampling_search(symbols_to_logits_fn, initial_ids, initial_cache, max_decode
             tokens per sentence (values above `max_decode_length` count as
             `max_decode_length`); a sentence reaching it is finished there
             without eos. Default: `max_decode_length`.
+        min_length: int or scalar int tensor: eos is not chosen before
+            this many other tokens (`common.forbid_early_eos`: its
+            probability is 0 there and the others' renormalised, which the
+            scores use). 0: eos may come first.
 
     Returns:
         `(sequences (batch, max_decode_length) int32, scores (batch,)
         float32)`: the generated tokens (eos included, `pad_id` after the
         last token) and the sum of the *model's* log-probabilities of those
-        tokens (`log_softmax(logits)`, before temperature and filtering), so
+        tokens (`log_softmax(logits)`, before temperature and filtering,
+        renormalised without eos where `min_length` forbids it), so
         scores of samples drawn with different settings compare, and with
         `temperature=0` they equal `greedy_search`'s.
     """
     check_sampling_options(temperature, top_k, top_p)
+    check_min_length(min_length)
     max_length = resolve_max_length(max_decode_length)
     initial_ids = ops.cast(initial_ids, "int32")
     batch_size = ops.shape(initial_ids)[0]
@@ -117,7 +125,7 @@ def sampling_search(symbols_to_logits_fn, initial_ids, initial_cache, max_decode
     def body(state):
         step, finished = state["step"], state["finished"]
         logits, cache = symbols_to_logits_fn(state["last_ids"], step, state["cache"])
-        log_probs = log_softmax(logits)
+        log_probs = forbid_early_eos(log_softmax(logits), step, min_length, limit, eos_id)
         next_ids = ops.cast(ops.argmax(log_probs, axis=-1), "int32")
         if not greedy_only:
             uniforms = ops.take(noise, step, axis=1)

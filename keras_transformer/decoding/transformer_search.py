@@ -15,6 +15,10 @@ from keras_transformer.decoding.sampling import sampling_noise, sampling_search
 DEFAULT_BEAM_SIZE = 4
 DEFAULT_ALPHA = 0.6
 DEFAULT_EXTRA_LENGTH = 50
+# At least one piece before eos, as fairseq (--min-len) and CTranslate2
+# (min_decoding_length) default to: a non-empty sentence never translates
+# to "".
+DEFAULT_MIN_LENGTH = 1
 
 
 def decoding_length(source_ids, extra_length, max_length, source_length=None):
@@ -78,7 +82,7 @@ def _lengths(model, source_ids, extra_length, source_length):
 
 def beam_search_translate(model, source_ids, beam_size=DEFAULT_BEAM_SIZE,
                           alpha=DEFAULT_ALPHA, extra_length=DEFAULT_EXTRA_LENGTH,
-                          source_length=None):
+                          source_length=None, min_length=DEFAULT_MIN_LENGTH):
     """Beam search with `model`.
 
     Args:
@@ -93,6 +97,8 @@ def beam_search_translate(model, source_ids, beam_size=DEFAULT_BEAM_SIZE,
             padding to bucketed shapes (XLA) change a translation. Default:
             the width of `source_ids` for every sentence (the limit of Model
             Garden and fairseq).
+        min_length: int or scalar int tensor, the fewest tokens before eos
+            (see `beam_search`); 1: no empty translation.
 
     Returns: `(sequences (batch, beam, max_decode_length) int32, scores
     (batch, beam) float32)`, best first (see `beam_search`);
@@ -107,21 +113,24 @@ def beam_search_translate(model, source_ids, beam_size=DEFAULT_BEAM_SIZE,
                        eos_id=config.eos_id, pad_id=config.pad_id,
                        length_limit=length_limit, reorders_cache=True,
                        cache_phases=phases, grow_cache=model.decoder.grow_cache,
-                       untiled_first_step=True)
+                       untiled_first_step=True, min_length=min_length)
 
 
-def greedy_translate(model, source_ids, extra_length=DEFAULT_EXTRA_LENGTH):
+def greedy_translate(model, source_ids, extra_length=DEFAULT_EXTRA_LENGTH,
+                     min_length=DEFAULT_MIN_LENGTH):
     """Greedy search with `model`: `(sequences (batch, max_decode_length)
-    int32, scores (batch,) float32)` (see `greedy_search`)."""
+    int32, scores (batch,) float32)` (see `greedy_search`), at least
+    `min_length` tokens before eos."""
     config = model.config
     max_decode_length = decoding_length(source_ids, extra_length, config.max_length)
     initial_ids, cache, step_fn = prepare_decoding(model, source_ids, max_decode_length)
     return greedy_search(step_fn, initial_ids, cache, max_decode_length,
-                         eos_id=config.eos_id, pad_id=config.pad_id)
+                         eos_id=config.eos_id, pad_id=config.pad_id, min_length=min_length)
 
 
 def sample_translate(model, source_ids, temperature=1.0, top_k=0, top_p=1.0, seed=0,
-                     extra_length=DEFAULT_EXTRA_LENGTH, source_length=None, noise=None):
+                     extra_length=DEFAULT_EXTRA_LENGTH, source_length=None, noise=None,
+                     min_length=DEFAULT_MIN_LENGTH):
     """Sampling search with `model` (see `sampling_search`).
 
     Args:
@@ -143,6 +152,7 @@ def sample_translate(model, source_ids, temperature=1.0, top_k=0, top_p=1.0, see
         noise: optional `(batch, width)` uniforms in `[0, 1)`, `width >=
             max_decode_length` (at most `config.max_length` is ever needed):
             the caller's randomness, used instead of `seed`.
+        min_length: the fewest tokens before eos (see `sampling_search`).
 
     Returns: `(sequences (batch, max_decode_length) int32, scores (batch,)
     float32)`, the scores the model's untempered log-probabilities of the
@@ -157,4 +167,4 @@ def sample_translate(model, source_ids, temperature=1.0, top_k=0, top_p=1.0, see
     return sampling_search(step_fn, initial_ids, cache, max_decode_length,
                            eos_id=config.eos_id, pad_id=config.pad_id,
                            temperature=temperature, top_k=top_k, top_p=top_p, noise=noise,
-                           length_limit=length_limit)
+                           length_limit=length_limit, min_length=min_length)

@@ -61,6 +61,7 @@ from keras_transformer.decoding.transformer_search import (
     DEFAULT_ALPHA,
     DEFAULT_BEAM_SIZE,
     DEFAULT_EXTRA_LENGTH,
+    DEFAULT_MIN_LENGTH,
 )
 from keras_transformer.export.engine import TranslationEngine
 from keras_transformer.export.vocabulary_map import VOCABULARY_MAP_FILE, write_vocabulary_map
@@ -199,7 +200,7 @@ def check_exportable(config, source, target, quantization="float32"):
 def export_ctranslate2(model, source_tokenizer, target_tokenizer, output_dir,
                        quantization="float32", beam_size=DEFAULT_BEAM_SIZE,
                        alpha=DEFAULT_ALPHA, extra_length=DEFAULT_EXTRA_LENGTH, examples=None,
-                       vocabulary_map=None):
+                       vocabulary_map=None, min_length=DEFAULT_MIN_LENGTH):
     """Writes `model` as a CTranslate2 model directory (layout: the module
     docstring), atomically: into a temporary directory beside `output_dir`,
     then renamed. An existing `output_dir` is replaced once the new one is
@@ -221,6 +222,9 @@ def export_ctranslate2(model, source_tokenizer, target_tokenizer, output_dir,
         vocabulary_map: optional `{source piece: [target pieces]}`
             (`vocabulary_map.build_vocabulary_map`), written to `vmap.txt`
             for CTranslate2's `use_vmap`.
+        min_length: the fewest pieces before eos (CTranslate2's
+            `min_decoding_length`), recorded with the search defaults; 1:
+            no empty translation for a non-empty sentence.
 
     Returns: `output_dir`.
 
@@ -273,7 +277,7 @@ def export_ctranslate2(model, source_tokenizer, target_tokenizer, output_dir,
         "decoder_start": target_tokens[config.bos_id],
         "max_source_tokens": config.max_length - 1,
         "defaults": {"beam_size": int(beam_size), "alpha": float(alpha),
-                     "extra_length": int(extra_length)},
+                     "extra_length": int(extra_length), "min_length": int(min_length)},
     }
 
     output_dir = os.path.abspath(os.fspath(output_dir))
@@ -469,6 +473,9 @@ class CTranslate2Translator(TranslationEngine):
             threads (CTranslate2's `inter_threads`).
         vocabulary_map: "auto" (use the export's `vmap.txt` if it has one,
             CTranslate2's `use_vmap`), "on" (it must have one) or "off".
+        min_length: the fewest pieces before eos, CTranslate2's
+            `min_decoding_length` (None: the export's, else 1), as the
+            package's `min_length`: eos is masked before the softmax.
         output_bytes: translations as the bytes SentencePiece decodes
             (byte pieces that are not valid UTF-8 kept as they are, as the
             SavedModel's string outputs) instead of str.
@@ -503,7 +510,7 @@ class CTranslate2Translator(TranslationEngine):
     """
 
     def __init__(self, model_dir, device="cpu", compute_type="default", intra_threads=0,
-                 inter_threads=1, output_bytes=False, vocabulary_map="auto"):
+                 inter_threads=1, output_bytes=False, vocabulary_map="auto", min_length=None):
         import sentencepiece
 
         ctranslate2 = import_ctranslate2()
@@ -516,6 +523,10 @@ class CTranslate2Translator(TranslationEngine):
         self.beam_size = defaults.get("beam_size", DEFAULT_BEAM_SIZE)
         self.alpha = defaults.get("alpha", DEFAULT_ALPHA)
         self.extra_length = defaults.get("extra_length", DEFAULT_EXTRA_LENGTH)
+        self.min_length = defaults.get("min_length", DEFAULT_MIN_LENGTH) if min_length is None \
+            else min_length
+        if not isinstance(self.min_length, int) or self.min_length < 0:
+            raise ValueError(f"`min_length` must be an int >= 0, received {self.min_length!r}.")
         self.max_source_tokens = self.config.max_length - 1
         self._out_type = bytes if output_bytes else str
         has_map = os.path.isfile(os.path.join(self.model_dir, VOCABULARY_MAP_FILE))
@@ -584,12 +595,12 @@ class CTranslate2Translator(TranslationEngine):
         for limit, indices in sorted(limits.items()):
             for start in range(0, len(indices), batch_size):
                 chunk = indices[start:start + batch_size]
-                # min_decoding_length 0: eos may come first (an empty
-                # translation), as in the package; CTranslate2's default 1
-                # renormalizes the first step without eos.
+                # CTranslate2 masks eos before the softmax, as the
+                # package's `forbid_early_eos`.
                 out = self.translator.translate_batch(
                     [pieces[i] for i in chunk], max_decoding_length=limit,
-                    min_decoding_length=0, max_input_length=0, return_scores=True,
+                    min_decoding_length=min(self.min_length, limit - 1),
+                    max_input_length=0, return_scores=True,
                     use_vmap=self.use_vmap, **options)
                 for i, result in zip(chunk, out):
                     results[i] = self._ended_with_eos(pieces[i], result, limit,
@@ -699,7 +710,7 @@ class CTranslate2Translator(TranslationEngine):
 
 def ctranslate2_translator_from_run(run_dir, checkpoint=None, compute_type="default",
                                     intra_threads=0, beam_size=None, alpha=None,
-                                    extra_length=None):
+                                    extra_length=None, min_length=None):
     """A `CTranslate2Translator` for a run directory's weights, converted
     now: the checkpoint `checkpoint` selects (`RunDirectory.resolve_checkpoint`)
     is exported in float32 to a temporary directory, loaded and the
@@ -711,8 +722,8 @@ def ctranslate2_translator_from_run(run_dir, checkpoint=None, compute_type="defa
         run_dir: a run directory (or a `RunDirectory`).
         checkpoint: a `--checkpoint` selector or prefix (default "auto").
         compute_type, intra_threads: `CTranslate2Translator`'s.
-        beam_size, alpha, extra_length: search defaults (None: the
-            package's, `keras_transformer.decoding`); `alpha` is
+        beam_size, alpha, extra_length, min_length: search defaults (None:
+            the package's, `keras_transformer.decoding`); `alpha` is
             CTranslate2's length penalty.
 
     Returns: `(translator, reason)`, `reason` the checkpoint and why it was
@@ -730,7 +741,8 @@ def ctranslate2_translator_from_run(run_dir, checkpoint=None, compute_type="defa
             model, source, target, os.path.join(tmp, "model"),
             beam_size=DEFAULT_BEAM_SIZE if beam_size is None else beam_size,
             alpha=DEFAULT_ALPHA if alpha is None else alpha,
-            extra_length=DEFAULT_EXTRA_LENGTH if extra_length is None else extra_length)
+            extra_length=DEFAULT_EXTRA_LENGTH if extra_length is None else extra_length,
+            min_length=DEFAULT_MIN_LENGTH if min_length is None else min_length)
         translator = CTranslate2Translator(path, compute_type=compute_type,
                                            intra_threads=intra_threads)
     return translator, reason

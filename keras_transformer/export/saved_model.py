@@ -268,13 +268,22 @@ def open_translator(run_dir=None, checkpoint=None, saved_model=None, **defaults)
     """The translator a command line asked for: a `SavedModelTranslator` for
     `saved_model`, else a `Translator` for `run_dir` (and `checkpoint`).
     `defaults`: `Translator` decoding defaults (ignored for a SavedModel,
-    whose defaults were fixed at export; pass options to `translate`)."""
+    whose defaults were fixed at export; pass options to `translate`), but
+    a `min_length` other than the SavedModel's is a `ValueError`: it is
+    fixed at export."""
     if (saved_model is None) == (run_dir is None):
         raise ValueError("Give exactly one of a run directory or a SavedModel.")
     if saved_model is not None:
         if checkpoint is not None:
             raise ValueError("`checkpoint` applies to a run directory, not a SavedModel.")
-        return load_translator(saved_model)
+        translator = load_translator(saved_model)
+        min_length = defaults.get("min_length")
+        fixed = translator.metadata.get("min_length", 0)  # exports before it had none
+        if min_length is not None and min_length != fixed:
+            raise ValueError(f"--min-length is fixed at export: {saved_model} searches with "
+                             f"min_length {fixed}; export again with --min-length "
+                             f"{min_length}, or translate from the run directory.")
+        return translator
     from keras_transformer.export.translator import translator_from_run_directory
 
     return translator_from_run_directory(

@@ -45,6 +45,7 @@ from keras_transformer.decoding import (
     DEFAULT_ALPHA,
     DEFAULT_BEAM_SIZE,
     DEFAULT_EXTRA_LENGTH,
+    DEFAULT_MIN_LENGTH,
     beam_search_translate,
     sample_translate,
 )
@@ -133,6 +134,10 @@ class Translator(tf.Module, ExplainingEngine):
             weights (as `kt-export` does); later changes to the model's
             weights do not reach the XLA search. The graph signatures use
             the model's own weights.
+        min_length: int >= 0, the fewest pieces before eos in every
+            search and signature (a constant of the export); the default 1
+            means no empty translation for a non-empty sentence, as fairseq
+            and CTranslate2 decode. An empty sentence still gives "".
 
     Two kinds of methods, named apart:
 
@@ -209,12 +214,14 @@ class Translator(tf.Module, ExplainingEngine):
 
     def __init__(self, model, tokenizer, beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA,
                  extra_length=DEFAULT_EXTRA_LENGTH, target_tokenizer=None,
-                 xla_column_blocks=1, name="translator"):
+                 xla_column_blocks=1, min_length=DEFAULT_MIN_LENGTH, name="translator"):
         super().__init__(name=name)
         config = model.config
         target_tokenizer = tokenizer if target_tokenizer is None else target_tokenizer
         _check_matches(config, tokenizer, target_tokenizer)
         _check_search_options(beam_size, extra_length, config.output_vocab_size)
+        if not isinstance(min_length, int) or isinstance(min_length, bool) or min_length < 0:
+            raise ValueError(f"`min_length` must be an int >= 0, received {min_length!r}.")
         self._model = _Unchecked(model)
         self.config = config
         self.tokenizer = tokenizer
@@ -236,6 +243,7 @@ class Translator(tf.Module, ExplainingEngine):
         self.beam_size = beam_size
         self.alpha = float(alpha)
         self.extra_length = extra_length
+        self.min_length = min_length
         self.max_source_tokens = config.max_length - 1
         self._xla_searches = _Unchecked({})
 
@@ -255,6 +263,7 @@ class Translator(tf.Module, ExplainingEngine):
             "beam_size": self.beam_size,
             "alpha": self.alpha,
             "extra_length": self.extra_length,
+            "min_length": self.min_length,
             "max_source_tokens": self.max_source_tokens,
             "xla_column_blocks": self.xla_column_blocks,
             "shared_vocabulary": self.target_tokenizer is self.tokenizer,
@@ -313,8 +322,8 @@ class Translator(tf.Module, ExplainingEngine):
         (pad after the last token, eos removed), scores [batch])`."""
         source_ids, lengths, is_empty = self._source_ids(tokens)
         sequences, scores = beam_search_translate(
-            self.model, source_ids, beam_size, alpha, extra_length, source_length=lengths
-        )
+            self.model, source_ids, beam_size, alpha, extra_length, source_length=lengths,
+            min_length=self.min_length)
         return self._best(sequences, scores, is_empty)
 
     def _best(self, sequences, scores, is_empty):
@@ -413,7 +422,8 @@ class Translator(tf.Module, ExplainingEngine):
         _, tokens = self._tokens(text)
         source_ids, lengths, is_empty = self._source_ids(tokens)
         sequences, scores = beam_search_translate(
-            self.model, source_ids, beam_size, alpha, extra_length, source_length=lengths)
+            self.model, source_ids, beam_size, alpha, extra_length, source_length=lengths,
+            min_length=self.min_length)
         sequences, scores = self._cleaned(sequences[:, :n], scores[:, :n], is_empty)
         shape = tf.shape(sequences)
         texts = self._detokenize(tf.reshape(sequences, [-1, shape[2]]))
@@ -438,7 +448,7 @@ class Translator(tf.Module, ExplainingEngine):
         sequences, scores = sample_translate(
             self.model, source_ids, temperature, top_k, top_p,
             extra_length=extra_length, source_length=lengths,
-            noise=self._sentence_noise(text, seed))
+            noise=self._sentence_noise(text, seed), min_length=self.min_length)
         ids, score = self._cleaned(sequences, scores, is_empty)
         return {"translation": self._detokenize(ids), "score": score}
 
@@ -449,7 +459,8 @@ class Translator(tf.Module, ExplainingEngine):
         _, tokens = self._tokens(text)
         source_ids, lengths, is_empty = self._source_ids(tokens)
         sequences, scores = beam_search_translate(
-            self.model, source_ids, beam_size, alpha, extra_length, source_length=lengths)
+            self.model, source_ids, beam_size, alpha, extra_length, source_length=lengths,
+            min_length=self.min_length)
         best = sequences[:, 0]
         ids, score = self._best(sequences, scores, is_empty)
         explained = self._explain(source_ids, lengths, best, is_empty)
@@ -664,11 +675,12 @@ class Translator(tf.Module, ExplainingEngine):
         if key not in searches:
             model = self.model
             blocks = self._column_blocks.value
+            min_length = self.min_length
 
             def search(source_ids, lengths):
                 with dispatch.using_column_blocks(blocks):
                     return beam_search_translate(model, source_ids, beam_size, alpha,
-                                                 extra_length, lengths)
+                                                 extra_length, lengths, min_length=min_length)
 
             searches[key] = tf.function(search, jit_compile=True, autograph=False)
         return searches[key]
