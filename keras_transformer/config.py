@@ -41,6 +41,7 @@ class TransformerConfig:
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
     label_smoothing: float = 0.1  # eps_ls (5.4)
+    r_drop: float = 0.0  # R-Drop's alpha (r_drop.py); 0: off
     norm_first: bool = False  # the paper is post-LN
     layer_norm_epsilon: float = 1e-6
     position_encoding: str = "sinusoidal"  # or "learned" (Table 3 row E)
@@ -69,6 +70,8 @@ class TransformerConfig:
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"`{name}` must be in [0, 1), received {value!r}.")
+        if not 0.0 <= self.r_drop < float("inf"):
+            raise ValueError(f"`r_drop` must be a finite number >= 0, received {self.r_drop!r}.")
         if self.position_encoding not in POSITION_ENCODINGS:
             raise ValueError(
                 f"`position_encoding` must be one of {POSITION_ENCODINGS}, "

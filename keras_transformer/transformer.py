@@ -11,6 +11,7 @@ from keras_transformer.layers.embedding import PositionalEmbedding, TokenEmbeddi
 from keras_transformer.layers.encoder import Encoder
 from keras_transformer.layers.masks import causal_mask, padding_mask
 from keras_transformer.losses import normalizing_weights, real_token_weights
+from keras_transformer.r_drop import r_drop_term
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -38,7 +39,10 @@ class Transformer(keras.Model):
     the compiled loss (e.g. `LabelSmoothedCrossEntropy`, reduction
     "sum_over_batch_size") is the sum over real target tokens divided by the
     number of real target tokens in the *global* batch, summed over replicas
-    under `tf.distribute`.
+    under `tf.distribute`. With `config.r_drop` > 0 a training batch goes
+    through the model a second time and the loss is R-Drop's
+    (`keras_transformer/r_drop.py`): the mean of the two cross-entropies
+    plus `r_drop` times the symmetric KL between the two passes.
 
     Example:
 
@@ -203,6 +207,12 @@ class Transformer(keras.Model):
             total_tokens, replicas = distribute.sum_over_replicas(ops.sum(weights))
             sample_weight = normalizing_weights(weights, total_tokens, replicas)
             loss = super().compute_loss(x, y, y_pred, sample_weight, training)
+            if training and self.config.r_drop > 0:
+                # A second pass: other dropout masks, the same batch.
+                again = self(x, training=True)
+                loss = 0.5 * (loss + super().compute_loss(x, y, again, sample_weight, training))
+                loss = loss + self.config.r_drop * r_drop_term(y_pred, again, weights,
+                                                               total_tokens)
             if replicas > 1:
                 # Keras's loss tracker averages the replicas' values weighted
                 # by their batch sizes, which misreports token-bucketed

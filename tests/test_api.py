@@ -20,7 +20,9 @@ CONSTANTS = {"PRESETS"}
 # Public modules outside `kt.__all__`, by the prefix docs/api.md lists their
 # names with: each name of their `__all__` is public (a value, as CONSTANTS).
 MODULES = {"warmup": "keras_transformer.export.warmup",
-           "vocabulary_map": "keras_transformer.export.vocabulary_map"}
+           "vocabulary_map": "keras_transformer.export.vocabulary_map",
+           "evaluation": "keras_transformer.evaluation",
+           "r_drop": "keras_transformer.r_drop"}
 
 
 def module_names():

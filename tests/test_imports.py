@@ -23,7 +23,7 @@ RANKS = [
     {"kernels"},
     {"dispatch"},
     {"layers"},
-    {"transformer", "losses", "schedules", "metrics", ""},  # "": the package's facade
+    {"transformer", "losses", "r_drop", "schedules", "metrics", ""},  # "": the package's facade
     {"decoding", "data", "evaluation", "visualization"},
     {"run_directory", "training"},
     {"export"},

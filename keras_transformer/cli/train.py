@@ -132,6 +132,10 @@ def build_parser():
                         "flags, e.g. --set norm_first=true --set training.batch_tokens=2048 "
                         "(repeatable; qualify with model./training. where a name is both)")
     g.add_argument("--dropout", type=float, help="override P_drop")
+    g.add_argument("--r-drop", type=float, metavar="ALPHA",
+                   help="R-Drop: each batch twice, with the symmetric KL between the two "
+                        "passes' distributions weighted ALPHA added to the loss (about twice "
+                        "the compute per update; 0: off, the default)")
     g.add_argument("--position-encoding",
                    choices=("sinusoidal", "learned", "none"),
                    help="override the positional encoding ('none': an ablation)")

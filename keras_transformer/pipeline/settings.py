@@ -100,6 +100,7 @@ class TrainingConfig:
     model_settings: dict = dataclasses.field(default_factory=dict)
     config_file: str = None
     dropout: float = _setting(None, float)
+    r_drop: float = _setting(None, float)
     position_encoding: str = _setting(None, str, ("sinusoidal", "learned", "none"))
     init_from: str = _setting(None, str)
     keep_optimizer: bool = _setting(False, bool)
@@ -156,7 +157,7 @@ def settings_fields():
 
 # Names that are both a model field and a setting: unqualified in --set,
 # they set the setting (the model field follows it).
-_SETTING_MODEL_FIELDS = {"dropout", "position_encoding", "warmup_steps"}
+_SETTING_MODEL_FIELDS = {"dropout", "r_drop", "position_encoding", "warmup_steps"}
 
 
 def convert_setting(field, key, value, where):
@@ -253,7 +254,7 @@ def resolve_settings(config, explicit=None, assignments=()):
 def model_config(config, source_tokenizer, target_tokenizer, base=None):
     """The run's `TransformerConfig`: a preset (`config.config` naming one,
     the file's `model.preset`, or `base`), the model settings, then
-    `dropout`, `position_encoding`, `warmup_steps`; token ids and
+    `dropout`, `r_drop`, `position_encoding`, `warmup_steps`; token ids and
     vocabulary sizes from the tokenizers. With `base` (an `init_from`
     model's config), the preset is replaced by `base`."""
     fields = dict(config.model_settings or {})
@@ -267,6 +268,8 @@ def model_config(config, source_tokenizer, target_tokenizer, base=None):
     values.update(fields)
     if config.dropout is not None:
         values["dropout"] = config.dropout
+    if config.r_drop is not None:
+        values["r_drop"] = config.r_drop
     if config.position_encoding is not None:
         values["position_encoding"] = config.position_encoding
     values["warmup_steps"] = config.warmup_steps

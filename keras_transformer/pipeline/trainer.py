@@ -39,7 +39,7 @@ DATA_STREAM = ("seed", "batch_tokens", "max_length", "shuffle_buffer", "accumula
                "subword_sampling", "subword_nbest")
 # Fields an init_from model may change: regularisation and schedule.
 FINE_TUNABLE = ("dropout", "attention_dropout", "activation_dropout", "label_smoothing",
-                "warmup_steps")
+                "r_drop", "warmup_steps")
 # Test sets at least this long are translated with the XLA-compiled search.
 XLA_TEST_SET_SENTENCES = 256
 
