@@ -43,6 +43,8 @@ SUBCOMMANDS = {
                                          "tokenize-once vs subword sampling"),
     "model-garden-multi30k": ("model_garden_multi30k", "Model Garden trained and scored as "
                                                        "scripts/multi30k.sh trains ours"),
+    "multi30k-jax": ("multi30k_jax", "Multi30k validation runs of the 2-hour recipe's model "
+                                     "on an accelerator, KERAS_BACKEND=jax"),
 }
 # Subcommands that must not import TensorFlow.
 WITHOUT_TENSORFLOW = {"jax"}

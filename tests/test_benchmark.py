@@ -144,8 +144,8 @@ def test_self_times_subtract_nested_events():
 
 def test_input_pipeline_benchmark_times_both_streams(tmp_path):
     from benchmarks import input_pipeline
-    from support.processes import write_corpus
     from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
+    from support.processes import write_corpus
 
     write_corpus(str(tmp_path))
     with open(tmp_path / "train.en") as f:
@@ -165,3 +165,35 @@ def test_input_pipeline_benchmark_times_both_streams(tmp_path):
         assert all(r["cpu_ms_per_update"] >= 0 and r["wall_ms_per_update"] > 0
                    for r in row.values())
     assert report["cpu"]["cores"] and report["commit"]
+
+
+def test_multi30k_jax_batches_hold_every_pair_within_the_token_budget(tmp_path):
+    """`python -m benchmarks multi30k-jax`'s data side (no accelerator):
+    prepare's ids round-trip, training batches stay within the budget with
+    eos/bos in place, and evaluation batches hold every pair once."""
+    import numpy as np
+    from test_tokenizer import CORPUS
+
+    from benchmarks import multi30k_jax as m
+    from keras_transformer.tokenizer import train_sentencepiece
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in m.SPLITS:
+        for lang in ("en", "de"):
+            (data / f"{split}.{lang}").write_text("".join(s + "\n" for s in CORPUS))
+    (tmp_path / "vocab.model").write_bytes(train_sentencepiece(CORPUS, vocab_size=400))
+    m.main(["prepare", "--data", str(data), "--vocab", str(tmp_path / "vocab.model"),
+            "--output", str(tmp_path / "ids.npz")])
+    splits, vocab_size = m.load_ids(str(tmp_path / "ids.npz"))
+    sources, targets = splits["train"]
+    assert vocab_size > 256 and len(sources) == len(CORPUS)
+    stream = m.training_batches(sources, targets, 64, seed=1)
+    for _ in range(20):
+        (source, target_in), target_out = next(stream)
+        assert source.size < 64 + source.shape[1] and source.shape[1] in m.BOUNDS
+        assert np.all(target_in[:, 0] == m.BOS)
+        assert np.all((target_out == m.EOS).sum(1) == 1) and np.all((source == m.EOS).sum(1) == 1)
+    seen = [int(row[row != m.PAD][:-1].sum()) for (s, _), _ in m.evaluation_batches(
+        *splits["val"], batch_tokens=64) for row in s]
+    assert sorted(seen) == sorted(int(x.sum()) for x in splits["val"][0])
