@@ -182,8 +182,8 @@ def train(args):
         out = [None] * len(sources)
         for start in range(0, len(order), rows):
             chunk = order[start:start + rows]
-            width = 32 if max(len(sources[i]) for i in chunk) < 32 else 64 if max(
-                len(sources[i]) for i in chunk) < 64 else 128
+            longest = max(len(sources[i]) for i in chunk)
+            width = 32 if longest < 32 else 64 if longest < 64 else 128
             source = np.full((rows, width), PAD, np.int32)
             lengths = np.ones((rows,), np.int32)
             for row, i in enumerate(chunk):

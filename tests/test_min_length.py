@@ -11,7 +11,7 @@ from test_tokenizer import CORPUS
 
 import keras_transformer as kt
 from keras_transformer.decoding import beam_search, greedy_search, sampling_search
-from keras_transformer.decoding.common import forbid_early_eos
+from keras_transformer.decoding.common import check_min_length, forbid_early_eos
 from support.scripted import BOS, EOS, PAD, A, B, MarkovScript, table
 
 # [eos] first has P = 0.5; without eos the first step is A 0.92, B 0.08.
@@ -90,6 +90,10 @@ def test_forbid_early_eos_is_masking_the_logit_before_the_softmax():
                                   np.asarray(log_probs))  # past min_length
     with pytest.raises(ValueError, match="min_length"):
         beam_search(None, np.zeros((1,)), {}, 1, 0.0, 4, eos_id=EOS, min_length=-1)
+    check_min_length(keras.ops.convert_to_tensor(-1))  # a signature checks it in the graph
+    for bad in (-1, True, 1.0, "1"):
+        with pytest.raises(ValueError, match="must be an int >= 0"):
+            check_min_length(bad, tensor_ok=False)
 
 
 def eos_loving():

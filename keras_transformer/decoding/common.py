@@ -74,10 +74,15 @@ def forbid_early_eos(log_probs, step, min_length, limit, eos_id):
     return ops.where(early, ops.maximum(renormalised, negative), log_probs)
 
 
-def check_min_length(min_length):
-    """A `ValueError` for a Python `min_length` below 0 (tensors pass)."""
-    if isinstance(min_length, int) and min_length < 0:
-        raise ValueError(f"`min_length` must be >= 0, received {min_length}.")
+def check_min_length(min_length, tensor_ok=True):
+    """A `ValueError` for a `min_length` that is not an int >= 0.
+
+    A tensor passes when `tensor_ok` (a signature checks it in the graph);
+    an exported model's setting (`tensor_ok=False`) must be a Python int.
+    """
+    is_int = isinstance(min_length, int) and not isinstance(min_length, bool)
+    if (is_int and min_length < 0) or (not is_int and not tensor_ok):
+        raise ValueError(f"`min_length` must be an int >= 0, received {min_length!r}.")
 
 
 # `top_k` splits a long last axis into chunks of this many entries.

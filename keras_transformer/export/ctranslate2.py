@@ -57,6 +57,7 @@ import tempfile
 
 import numpy as np
 
+from keras_transformer.decoding.common import check_min_length
 from keras_transformer.decoding.transformer_search import (
     DEFAULT_ALPHA,
     DEFAULT_BEAM_SIZE,
@@ -525,8 +526,7 @@ class CTranslate2Translator(TranslationEngine):
         self.extra_length = defaults.get("extra_length", DEFAULT_EXTRA_LENGTH)
         self.min_length = defaults.get("min_length", DEFAULT_MIN_LENGTH) if min_length is None \
             else min_length
-        if not isinstance(self.min_length, int) or self.min_length < 0:
-            raise ValueError(f"`min_length` must be an int >= 0, received {self.min_length!r}.")
+        check_min_length(self.min_length, tensor_ok=False)
         self.max_source_tokens = self.config.max_length - 1
         self._out_type = bytes if output_bytes else str
         has_map = os.path.isfile(os.path.join(self.model_dir, VOCABULARY_MAP_FILE))

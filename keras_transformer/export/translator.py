@@ -49,6 +49,7 @@ from keras_transformer.decoding import (
     beam_search_translate,
     sample_translate,
 )
+from keras_transformer.decoding.common import check_min_length
 from keras_transformer.decoding.sampling import check_sampling_options
 from keras_transformer.export import column_blocks
 from keras_transformer.export.engine import (
@@ -220,8 +221,7 @@ class Translator(tf.Module, ExplainingEngine):
         target_tokenizer = tokenizer if target_tokenizer is None else target_tokenizer
         _check_matches(config, tokenizer, target_tokenizer)
         _check_search_options(beam_size, extra_length, config.output_vocab_size)
-        if not isinstance(min_length, int) or isinstance(min_length, bool) or min_length < 0:
-            raise ValueError(f"`min_length` must be an int >= 0, received {min_length!r}.")
+        check_min_length(min_length, tensor_ok=False)
         self._model = _Unchecked(model)
         self.config = config
         self.tokenizer = tokenizer
