@@ -77,8 +77,9 @@ def forbid_early_eos(log_probs, step, min_length, limit, eos_id):
 def check_min_length(min_length, tensor_ok=True):
     """A `ValueError` for a `min_length` that is not an int >= 0.
 
-    A tensor passes when `tensor_ok` (a signature checks it in the graph);
-    an exported model's setting (`tensor_ok=False`) must be a Python int.
+    With `tensor_ok`, a value that is not a Python int passes unchecked (a
+    tensor, which a signature checks in the graph); an exported model's
+    setting (`tensor_ok=False`) must be a Python int. `bool` is not an int.
     """
     is_int = isinstance(min_length, int) and not isinstance(min_length, bool)
     if (is_int and min_length < 0) or (not is_int and not tensor_ok):
