@@ -95,6 +95,24 @@ def test_caching_the_tokenized_pairs_gives_the_same_batches(tokenizer):
             np.testing.assert_array_equal(a, b)
 
 
+def test_a_dataset_read_in_passes_does_not_autotune(tokenizer):
+    # Deleting an autotuned iterator waits for its autotuning thread's sleep
+    # (up to a minute), and Keras deletes one at every validation or epoch.
+    pairs = as_dataset(corpus(60, seed=4))
+    passes = batching.token_batches(pairs, tokenizer, batch_tokens=300, max_length=64)
+    assert passes.options().autotune.enabled is False
+    forever = batching.token_batches(pairs, tokenizer, batch_tokens=300, max_length=64,
+                                     repeat=True)
+    assert forever.options().autotune.enabled is not False
+    # Two passes give the same batches, every pair in each.
+    first, second = ([[t.numpy() for t in (s, ti, to)] for (s, ti), to in passes]
+                     for _ in range(2))
+    assert sum(len(b[0]) for b in first) == 60
+    for a, b in zip(first, second, strict=True):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+
+
 def test_fixed_shapes_give_one_shape_per_bucket_and_the_same_pairs(tokenizer):
     # For XLA: each bucket's batches take exactly one shape, the last one
     # filled with all-padding rows, and no pair is lost or changed.

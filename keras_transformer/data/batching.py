@@ -201,6 +201,13 @@ def token_batches(
         shuffle_buffer: shuffle pairs with this buffer (0: keep order).
         seed: shuffle seed.
         repeat: repeat the pairs forever (training with `steps_per_epoch`).
+            Without it the dataset is read in passes, each with a new
+            iterator (validation at every `--validate-every`, Keras epochs),
+            and its tf.data autotuning is off: deleting an autotuned
+            iterator waits until its autotuning thread wakes from a sleep
+            that grows to a minute (docs/performance.md). The prefetch
+            buffer then grows by tf.data's own rule and parallel maps use
+            one call per core.
         cache_tokenized: tokenize the pairs once and keep the ids in memory
             (shuffled and repeated from there), instead of tokenizing every
             epoch. Tokenizing competes with training for the CPU on a
@@ -291,7 +298,12 @@ def token_batches(
         batches = batches.map(fill_rows)
     if skip_batches:
         batches = batches.skip(skip_batches)
-    return batches.map(lambda s, ti, to: ((s, ti), to)).prefetch(tf.data.AUTOTUNE)
+    batches = batches.map(lambda s, ti, to: ((s, ti), to)).prefetch(tf.data.AUTOTUNE)
+    if not repeat:
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        batches = batches.with_options(options)
+    return batches
 
 
 def distributed_dataset(strategy, dataset_fn):
