@@ -105,12 +105,9 @@ def test_a_dataset_read_in_passes_does_not_autotune(tokenizer):
                                      repeat=True)
     assert forever.options().autotune.enabled is not False
     # Two passes give the same batches, every pair in each.
-    first, second = ([[t.numpy() for t in (s, ti, to)] for (s, ti), to in passes]
-                     for _ in range(2))
+    first = batch_arrays(passes)
     assert sum(len(b[0]) for b in first) == 60
-    for a, b in zip(first, second, strict=True):
-        for x, y in zip(a, b):
-            np.testing.assert_array_equal(x, y)
+    assert_same_batches(first, batch_arrays(passes))
 
 
 def test_fixed_shapes_give_one_shape_per_bucket_and_the_same_pairs(tokenizer):
