@@ -233,6 +233,11 @@ class Transformer(keras.Model):
         return distribute.multi_worker_safe_logs(super().test_step(*args))
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Keras 3.15 on TF pulls a batch at every fit/evaluate, then drops
+        # that half-read iterator, whose teardown can idle every core for
+        # tens of seconds; once all is built no batch is needed.
+        if iterator is not None and data_batch is None and not self._needs_symbolic_build():
+            iterator = None
         # Keras 3.15 on TF builds the compiled metrics from the first batch
         # of a distributed dataset averaged over replicas, which fails when
         # replicas hold token-bucketed batches of different shapes. Only
@@ -242,6 +247,16 @@ class Transformer(keras.Model):
             if data_batch is not None:
                 iterator = None
         return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+
+    def _needs_symbolic_build(self):
+        """Whether a layer, the compiled metrics or the compiled loss still
+        wants a batch's shapes to build (the test of Keras's
+        `_symbolic_build`)."""
+        def unbuilt(obj):
+            return obj is not None and not obj.built
+
+        return (not all(layer.built for layer in self._flatten_layers())
+                or unbuilt(self._compile_metrics) or unbuilt(self._compile_loss))
 
     def get_config(self):
         return {**super().get_config(), "config": self.config.to_dict()}

@@ -5,6 +5,7 @@ import tensorflow as tf
 from keras_transformer.data import batching
 from keras_transformer.data.subword_sampling import SubwordSampling
 from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
+from keras_transformer.training.strategy import make_strategy
 
 WORDS = "the a dog cat house runs sees big small red blue green old new man woman boat".split()
 
@@ -108,6 +109,19 @@ def test_a_dataset_read_in_passes_does_not_autotune(tokenizer):
     first = batch_arrays(passes)
     assert sum(len(b[0]) for b in first) == 60
     assert_same_batches(first, batch_arrays(passes))
+
+
+def test_one_device_gives_keras_the_dataset_itself(tokenizer):
+    # No MultiDeviceIterator in between: its per-device iterator is always
+    # autotuned, whatever the dataset's options, and Keras deletes one at
+    # every validation.
+    strategy = make_strategy("one_device")
+    pairs = as_dataset(corpus(60, seed=4))
+    passes = batching.distributed_dataset(
+        strategy, lambda context: batching.token_batches(pairs, tokenizer, 300, 64))
+    assert isinstance(passes, tf.data.Dataset)
+    assert passes.options().autotune.enabled is False
+    assert sum(len(b[0]) for b in batch_arrays(passes)) == 60
 
 
 def test_fixed_shapes_give_one_shape_per_bucket_and_the_same_pairs(tokenizer):

@@ -189,3 +189,39 @@ def test_rejects_malformed_inputs(tiny_config):
     model = kt.Transformer(tiny_config)
     with pytest.raises(ValueError, match="source_ids"):
         model(random_ids((2, 3)))
+
+
+@pytest.mark.parametrize("strategy", [None, "OneDeviceStrategy"])
+def test_validations_read_the_validation_set_exactly_once_each(tiny_config, strategy):
+    # Once everything is built, neither fit's validations nor evaluate pull a
+    # batch from a throwaway iterator: dropping such a half-read iterator can
+    # stall training with every core idle.
+    import contextlib
+
+    import tensorflow as tf
+
+    from test_checkpoints import batch, dataset
+
+    batches = [batch(100 + 10 * i) for i in range(3)]
+    reads = []
+
+    def generate():
+        for b in batches:
+            reads.append(1)
+            yield b
+
+    validation = tf.data.Dataset.from_generator(generate, output_signature=(
+        (tf.TensorSpec((4, 7), tf.int32), tf.TensorSpec((4, 6), tf.int32)),
+        tf.TensorSpec((4, 6), tf.int32)))
+    scope = (tf.distribute.OneDeviceStrategy("/cpu:0").scope() if strategy
+             else contextlib.nullcontext())
+    with scope:
+        model = kt.Transformer(tiny_config)
+        model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                      loss=kt.LabelSmoothedCrossEntropy(0.1, pad_id=tiny_config.pad_id),
+                      metrics=[kt.MaskedAccuracy(pad_id=tiny_config.pad_id)])
+    model.fit(dataset(1).repeat(), validation_data=validation, steps_per_epoch=1, epochs=3,
+              verbose=0)
+    assert len(reads) == 3 * len(batches)
+    model.evaluate(validation, verbose=0)
+    assert len(reads) == 4 * len(batches)

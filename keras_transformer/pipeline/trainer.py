@@ -77,13 +77,13 @@ def train(config, callbacks=()):
         config = resolve_settings(config)
     config = copy.copy(config)
     validate(config)
-    from keras_transformer.training.strategy import make_strategy
+    from keras_transformer.training.strategy import describe, make_strategy
 
     # The strategy first: MultiWorkerMirroredStrategy and logical CPUs need
     # TensorFlow uninitialised.
     strategy = make_strategy(config.strategy, config.logical_cpus)
     if config.jit_compile and strategy.num_replicas_in_sync > 1:
-        raise ValueError(JIT_WITH_REPLICAS.format(type(strategy).__name__))
+        raise ValueError(JIT_WITH_REPLICAS.format(describe(strategy)))
 
     import keras
 
@@ -115,7 +115,7 @@ def train(config, callbacks=()):
         for split, name in (("train", "Training"), ("valid", "Validation"), ("test", "Test")):
             if corpus.has(split):
                 print(f"{name} data: {corpus.describe(split)}.", flush=True)
-        print(f"Strategy {type(strategy).__name__} with {replicas} replica(s); precision "
+        print(f"Strategy {describe(strategy)} with {replicas} replica(s); precision "
               f"{config.precision} ({precision_reason}); {config.batch_tokens} tokens per "
               f"replica batch x {replicas} replicas x {config.accumulation_steps} accumulation "
               f"= {config.batch_tokens * replicas * config.accumulation_steps} tokens per "

@@ -23,7 +23,7 @@ from keras_transformer.training.checkpoints import (
     optimizer_step,
 )
 from keras_transformer.training.selection import BestCheckpoints, ValidationBleu
-from keras_transformer.training.strategy import is_chief
+from keras_transformer.training.strategy import is_chief, replicas_per_worker
 
 
 def weights_digest(model):
@@ -144,8 +144,7 @@ class TrainingRun:
         self.strategy = strategy or tf.distribute.get_strategy()
         self.chief = is_chief(self.strategy)
         # Outside any strategy scope, one pipeline feeds one device.
-        self._replicas_per_worker = (len(self.strategy.extended.worker_devices)
-                                     if tf.distribute.has_strategy() or strategy else 1)
+        self._replicas_per_worker = replicas_per_worker(self.strategy)
         self.run = run_dir if isinstance(run_dir, RunDirectory) else RunDirectory(run_dir)
         if self.chief:
             self.run.lock()  # a second process on the directory stops here

@@ -30,6 +30,13 @@ def split_cpu(num_devices):
 def make_strategy(name=None, logical_cpus=0):
     """A `tf.distribute.Strategy`.
 
+    `one_device` is TensorFlow's default strategy (the one a script without
+    `tf.distribute` runs under; the first GPU if any, else the CPU), not
+    `OneDeviceStrategy`: that one reads every pass of a dataset through a
+    `MultiDeviceIterator` whose per-device iterator is always autotuned, and
+    deleting one (Keras does at each validation) can wait up to a minute for
+    its autotuning thread with every core idle (docs/performance.md).
+
     Args:
         name: `one_device`, `mirrored` (every visible GPU; the logical CPUs
             when `logical_cpus` > 1) or `multi_worker_mirrored` (the cluster in
@@ -59,7 +66,32 @@ def make_strategy(name=None, logical_cpus=0):
                 [d.name for d in tf.config.list_logical_devices("CPU")]
             )
         return tf.distribute.MirroredStrategy()
-    return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
+    if tf.distribute.has_strategy():
+        raise ValueError("make_strategy('one_device') is called inside another "
+                         f"strategy's scope ({describe(tf.distribute.get_strategy())}).")
+    return tf.distribute.get_strategy()
+
+
+def describe(strategy):
+    """The strategy's name for logs: its class, or "one device" for
+    TensorFlow's default strategy."""
+    if is_default(strategy):
+        return "one device"
+    return type(strategy).__name__
+
+
+def is_default(strategy):
+    """True for TensorFlow's default strategy (no `tf.distribute` wrapper)."""
+    with strategy.scope():
+        return not tf.distribute.has_strategy()
+
+
+def replicas_per_worker(strategy):
+    """How many replicas this worker's input pipeline feeds (1 under the
+    default strategy, which has no device list)."""
+    if is_default(strategy):
+        return 1
+    return len(strategy.extended.worker_devices)
 
 
 def is_chief(strategy):
