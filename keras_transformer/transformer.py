@@ -233,6 +233,12 @@ class Transformer(keras.Model):
         return distribute.multi_worker_safe_logs(super().test_step(*args))
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Without a strategy at construction Keras builds while tracing the
+        # step and ignores the batch; pulling one anyway would open a
+        # throwaway iterator, which takes shuffle seeds from the dataset's
+        # generator (shared by its iterators) that training would have had.
+        if getattr(self, "_distribute_strategy", None) is None:
+            return super()._maybe_symbolic_build(data_batch=data_batch)
         # Keras 3.15 on TF pulls a batch at every fit/evaluate, then drops
         # that half-read iterator, whose teardown can idle every core for
         # tens of seconds; once all is built no batch is needed.

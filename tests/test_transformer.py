@@ -191,6 +191,34 @@ def test_rejects_malformed_inputs(tiny_config):
         model(random_ids((2, 3)))
 
 
+def test_fit_without_a_strategy_opens_one_training_iterator(tiny_config):
+    # Keras builds an unbuilt model while tracing the step there. A batch
+    # pulled from a throwaway iterator first would take shuffle seeds from the
+    # dataset's generator, which its iterators share: a fresh run would then
+    # train on another order than a resumed one (built before fit), and by
+    # how far the throwaway prefetched, on an order that varies with load.
+    import tensorflow as tf
+
+    from test_checkpoints import batch
+
+    starts = []
+
+    def generate():
+        starts.append(1)
+        while True:
+            yield batch(100)
+
+    train = tf.data.Dataset.from_generator(generate, output_signature=(
+        (tf.TensorSpec((4, 7), tf.int32), tf.TensorSpec((4, 6), tf.int32)),
+        tf.TensorSpec((4, 6), tf.int32)))
+    model = kt.Transformer(tiny_config)
+    model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                  loss=kt.LabelSmoothedCrossEntropy(0.1, pad_id=tiny_config.pad_id),
+                  metrics=[kt.MaskedAccuracy(pad_id=tiny_config.pad_id)])
+    model.fit(train, steps_per_epoch=2, epochs=2, verbose=0)
+    assert len(starts) == 1
+
+
 @pytest.mark.parametrize("strategy", [None, "OneDeviceStrategy"])
 def test_validations_read_the_validation_set_exactly_once_each(tiny_config, strategy):
     # Once everything is built, neither fit's validations nor evaluate pull a
