@@ -105,6 +105,12 @@ def test_a_dataset_read_in_passes_does_not_autotune(tokenizer):
     forever = batching.token_batches(pairs, tokenizer, batch_tokens=300, max_length=64,
                                      repeat=True)
     assert forever.options().autotune.enabled is not False
+    # Either can be chosen (kt-train --input-autotune): off spares a short
+    # run the wait when fit deletes its training iterator.
+    for repeat, autotune in ((True, False), (False, True)):
+        chosen = batching.token_batches(pairs, tokenizer, batch_tokens=300, max_length=64,
+                                        repeat=repeat, autotune=autotune)
+        assert (chosen.options().autotune.enabled is not False) == autotune
     # Two passes give the same batches, every pair in each.
     first = batch_arrays(passes)
     assert sum(len(b[0]) for b in first) == 60

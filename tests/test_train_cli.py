@@ -149,3 +149,24 @@ def test_jit_compile_trains_with_xla_on_one_shape_per_bucket(tmp_path, monkeypat
     assert [c.get("fixed_shapes") for c in calls] == [True, True]
     assert int(model.optimizer.iterations.numpy()) == 2
     assert all(np.isfinite(w).all() for w in model.get_weights())
+
+
+def test_input_autotune_off_reaches_the_training_stream(tmp_path, monkeypatch):
+    from keras_transformer.cli import train as trainer
+
+    from support.common import record_token_batches
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_corpus(str(data))
+    calls = record_token_batches(monkeypatch)
+    common = ["--data", f"text:{data}", "--src-lang", "en", "--tgt-lang", "de", "--config",
+              "tiny", "--vocab-size", "400", "--train-steps", "1", "--steps-per-epoch", "1",
+              "--checkpoint-every", "0", "--warmup-steps", "4", "--batch-tokens", "256",
+              "--max-length", "10", "--valid-split", "", "--verbose", "0"]
+    for run, extra, expected in (("on", [], True), ("off", ["--input-autotune", "off"], False)):
+        calls.clear()
+        args = trainer.build_parser().parse_args(["--run-dir", str(tmp_path / run), *common,
+                                                  *extra])
+        trainer.train(args)
+        assert [c.get("autotune") for c in calls] == [expected]

@@ -38,6 +38,7 @@ training:
   batch-tokens: 512
   train_steps: 77
   cache_tokenized: true
+  input_autotune: off
 """
 
 
@@ -45,6 +46,7 @@ def test_a_yaml_file_sets_model_fields_on_its_preset_and_training_settings(tmp_p
     path = write(tmp_path, "c.yaml", YAML)
     args = resolved(BASE + ["--config", path])
     assert (args.batch_tokens, args.train_steps, args.cache_tokenized) == (512, 77, True)
+    assert args.input_autotune == "off"  # YAML's unquoted off is a bool
     shared = tokenizer()
     config = settings.model_config(args, shared, shared)
     assert (config.d_model, config.num_layers, config.d_ff) == (64, 2, 128)  # tiny

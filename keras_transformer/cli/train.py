@@ -85,6 +85,10 @@ def build_parser():
                    help="tokenize the training pairs once and keep their ids in memory "
                         "(saves the CPU that tokenizing every epoch takes; the ids of every "
                         "pair must fit in memory: fine for Multi30k, ~1.5 GB for WMT14)")
+    g.add_argument("--input-autotune", choices=["on", "off"],
+                   help="tf.data autotuning of the training stream (default on). Off "
+                        "spares the wait of up to a minute that deleting an autotuned "
+                        "iterator can cost when training ends: worth it for runs of minutes")
     g.add_argument("--subword-sampling", type=float, metavar="ALPHA",
                    help="subword regularization (Kudo 2018): each training pair's sides get "
                         "a segmentation drawn from their --subword-nbest most likely ones "

@@ -183,6 +183,7 @@ def token_batches(
     target_tokenizer=None,
     skip_batches=0,
     subword_sampling=None,
+    autotune=None,
 ):
     """Token-budgeted, length-bucketed, padded batches for `model.fit`.
 
@@ -202,12 +203,7 @@ def token_batches(
         seed: shuffle seed.
         repeat: repeat the pairs forever (training with `steps_per_epoch`).
             Without it the dataset is read in passes, each with a new
-            iterator (validation at every `--validate-every`, Keras epochs),
-            and its tf.data autotuning is off: deleting an autotuned
-            iterator waits until its autotuning thread wakes from a sleep
-            that grows to a minute (docs/performance.md). The prefetch
-            buffer then grows by tf.data's own rule and parallel maps use
-            one call per core.
+            iterator (validation at every `--validate-every`, Keras epochs).
         cache_tokenized: tokenize the pairs once and keep the ids in memory
             (shuffled and repeated from there), instead of tokenizing every
             epoch. Tokenizing competes with training for the CPU on a
@@ -237,6 +233,14 @@ def token_batches(
             candidate's ids in memory (so `cache_tokenized` changes
             nothing); the draws are keyed by `seed` and the pair's position
             in the stream.
+        autotune: tf.data autotuning of the parallel maps and the prefetch
+            buffer; None: on for a repeated stream, off for one read in
+            passes. Deleting an autotuned iterator can wait until its
+            autotuning thread wakes from a sleep that grows to a minute
+            (docs/performance.md), and Keras deletes one at every pass and
+            when `fit` returns: off suits passes and short runs, on long
+            ones. Off, the prefetch buffer grows by tf.data's own rule and
+            the parallel maps make one call per core.
 
     Returns: a dataset of `((source_ids (batch, src_len), target_input_ids
     (batch, tgt_len)), target_ids (batch, tgt_len))`, int32, padded with
@@ -296,10 +300,12 @@ def token_batches(
             return tuple(tf.pad(x, [[0, missing], [0, 0]], constant_values=pad) for x in sides)
 
         batches = batches.map(fill_rows)
+    if autotune is None:
+        autotune = repeat
     if skip_batches:
         batches = batches.skip(skip_batches)
     batches = batches.map(lambda s, ti, to: ((s, ti), to)).prefetch(tf.data.AUTOTUNE)
-    if not repeat:
+    if not autotune:
         options = tf.data.Options()
         options.autotune.enabled = False
         batches = batches.with_options(options)

@@ -81,6 +81,7 @@ class TrainingConfig:
     batch_tokens: int = _setting(4096, int)
     shuffle_buffer: int = _setting(100_000, int)
     cache_tokenized: bool = _setting(False, bool)
+    input_autotune: str = _setting("on", str, ("on", "off"))
     subword_sampling: float = _setting(None, float)
     subword_nbest: int = _setting(None, int)
     seed: int = _setting(1, int)
@@ -181,6 +182,8 @@ def convert_setting(field, key, value, where):
         if kind is int and isinstance(value, float) and value != converted:
             raise ValueError(f"{where}: `{key}` must be int, received {value!r}.")
         value = converted
+    elif kind is str and isinstance(value, bool) and choices and {"on", "off"} <= set(choices):
+        value = "on" if value else "off"  # YAML 1.1 reads an unquoted on/off as a bool
     elif kind is str and not isinstance(value, str):
         value = str(value)
     if choices is not None and value not in choices:

@@ -190,7 +190,8 @@ def train(config, callbacks=()):
             pairs, source_tokenizer, config.batch_tokens, config.max_length, length_filter,
             shuffle_buffer=config.shuffle_buffer, seed=config.seed, repeat=True,
             cache_tokenized=config.cache_tokenized, fixed_shapes=config.jit_compile,
-            target_tokenizer=target, skip_batches=skip, subword_sampling=sampling)
+            target_tokenizer=target, skip_batches=skip, subword_sampling=sampling,
+            autotune=config.input_autotune == "on")
 
     train_ds = batching.distributed_dataset(strategy, train_fn)
     val_ds = None
