@@ -42,13 +42,13 @@ def build_parser():
                    help="where <name>/<version>/ is exported (default: %(default)s)")
     p.add_argument("--name", default="demo", help="model name under saved_models/")
     p.add_argument("--config", default="demo")
-    p.add_argument("--train-steps", type=int, default=1200)
+    p.add_argument("--train-steps", type=int, default=1400)
     p.add_argument("--batch-tokens", type=int, default=2000)
     p.add_argument("--precision", default="float32",
                    choices=["float32", "mixed_bfloat16", "mixed_float16"])
     p.add_argument("--dropout", type=float, default=None,
                    help="override the preset's P_drop")
-    p.add_argument("--average", type=int, default=3, help="checkpoints to average")
+    p.add_argument("--average", type=int, default=5, help="checkpoints to average")
     p.add_argument("--seed", type=int, default=1,
                    help="initialisation and data-order seed (kt-train --seed); the run is "
                         "deterministic for a seed on a given machine")
@@ -69,9 +69,9 @@ def training_arguments(args, keep_checkpoints=None, checkpoint_every=None, warmu
     kt-demo's parsed `args` (`build_parser()`).
 
     `keep_checkpoints` defaults to the `--average` count. `checkpoint_every`
-    defaults to a twelfth of the run (100 updates at 1,200): the model still
-    improves fast at the end, so the averaged checkpoints are the last few,
-    close together (docs/performance.md, "The demo's settings").
+    defaults to a fourteenth of the run (100 updates at 1,400): the model
+    still improves fast at the end, so the averaged checkpoints are the last
+    few, close together (docs/experiments.md, "The demo's settings").
     `warmup_steps` defaults to min(400, train_steps // 3). `python -m
     benchmarks demo-settings` trains with these too.
     """
@@ -79,7 +79,7 @@ def training_arguments(args, keep_checkpoints=None, checkpoint_every=None, warmu
     if keep_checkpoints is None:
         keep_checkpoints = max(args.average, 1)
     if checkpoint_every is None:
-        checkpoint_every = max(1, train_steps // 12)
+        checkpoint_every = max(1, train_steps // 14)
     if warmup_steps is None:
         warmup_steps = max(1, min(400, train_steps // 3))
     return [
@@ -96,6 +96,8 @@ def training_arguments(args, keep_checkpoints=None, checkpoint_every=None, warmu
         # Several passes over 40k pairs: tokenize once (same batches, same
         # weights, less CPU per pass).
         "--cache-tokenized",
+        # A run of minutes: no wait for the autotuning thread when fit ends.
+        "--input-autotune", "off",
         "--position-encoding", args.position_encoding, "--seed", str(args.seed),
         *(["--dropout", str(args.dropout)] if args.dropout is not None else []),
     ]
