@@ -10,10 +10,10 @@ split (the report).
         --first-end 30 --every 10 --sentences 20          # a smoke run
 
 The learning-rate schedule does not depend on the total number of updates,
-so the run to 1,400 passes through the demo's own weights at 1,200: seed 1's
-"1,200, average of 800 / 1,000 / 1,200" is the demo as it was before
-checkpoints came 100 apart (`kt-demo --seed 1` at `e1b3c91`: 89.42 on the
-test split). Float32, as kt-demo trains. Writes
+so a run passes through the weights of every shorter one: seed 1's "1,400,
+last 5, 100 apart" is the demo itself (`kt-demo --seed 1` at `aeb3983`:
+92.02 on the test split), and its 1,200 the demo before that. Float32, as
+kt-demo trains. Writes
 `benchmarks/results/<cpu>_<date>_<commit>_demo-settings.json` (or
 `--output`); a seed's run directory is kept under `--work-dir` and reused.
 """
