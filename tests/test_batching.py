@@ -111,6 +111,13 @@ def test_a_dataset_read_in_passes_does_not_autotune(tokenizer):
         chosen = batching.token_batches(pairs, tokenizer, batch_tokens=300, max_length=64,
                                         repeat=repeat, autotune=autotune)
         assert (chosen.options().autotune.enabled is not False) == autotune
+    # A user's script chooses it through the library's pipeline too.
+    from keras_transformer.data.translation import translation_dataset
+
+    for autotune in (None, False):
+        script = translation_dataset(corpus(20, seed=4), tokenizer, batch_tokens=300,
+                                     max_length=64, repeat=True, autotune=autotune)
+        assert (script.options().autotune.enabled is not False) == (autotune is None)
     # Two passes give the same batches, every pair in each.
     first = batch_arrays(passes)
     assert sum(len(b[0]) for b in first) == 60

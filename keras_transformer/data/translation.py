@@ -71,7 +71,8 @@ def read_pairs(pairs, limit=None):
 
 def translation_dataset(pairs, tokenizer, batch_tokens=4096, max_length=256,
                         shuffle_buffer=0, seed=None, repeat=False, target_tokenizer=None,
-                        skip_batches=0, cache_tokenized=False, length_filter=None):
+                        skip_batches=0, cache_tokenized=False, length_filter=None,
+                        autotune=None):
     """Batches for `model.fit` from text pairs (paper section 5.1).
 
     The pairs are tokenized in the graph, `source + eos`, `bos + target`,
@@ -97,6 +98,10 @@ def translation_dataset(pairs, tokenizer, batch_tokens=4096, max_length=256,
         cache_tokenized: tokenize once and keep the ids in memory.
         length_filter: a `batching.LengthFilter(max_length)` to read the
             counts of kept and dropped pairs from.
+        autotune: tf.data autotuning; None: on with `repeat`, off without.
+            False spares a run of minutes the wait of up to a minute that
+            deleting an autotuned iterator can cost when `fit` returns
+            (kt-train's `--input-autotune off`; docs/performance.md).
 
     Returns: a `tf.data.Dataset` of `((source_ids, target_input_ids),
     target_ids)`, int32 `(batch, length)`, padded with `tokenizer.pad_id`.
@@ -118,4 +123,4 @@ def translation_dataset(pairs, tokenizer, batch_tokens=4096, max_length=256,
         pairs_dataset(pairs), tokenizer, batch_tokens, max_length, length_filter,
         shuffle_buffer=shuffle_buffer, seed=seed, repeat=repeat,
         cache_tokenized=cache_tokenized, target_tokenizer=target_tokenizer,
-        skip_batches=skip_batches)
+        skip_batches=skip_batches, autotune=autotune)
