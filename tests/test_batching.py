@@ -96,7 +96,7 @@ def test_caching_the_tokenized_pairs_gives_the_same_batches(tokenizer):
             np.testing.assert_array_equal(a, b)
 
 
-def test_a_dataset_read_in_passes_does_not_autotune(tokenizer):
+def test_passes_do_not_autotune_and_a_stream_chooses(tokenizer):
     # Deleting an autotuned iterator waits for its autotuning thread's sleep
     # (up to a minute), and Keras deletes one at every validation or epoch.
     pairs = as_dataset(corpus(60, seed=4))

@@ -194,9 +194,9 @@ def test_rejects_malformed_inputs(tiny_config):
 def test_fit_without_a_strategy_opens_one_training_iterator(tiny_config):
     # Keras builds an unbuilt model while tracing the step there. A batch
     # pulled from a throwaway iterator first would take shuffle seeds from the
-    # dataset's generator, which its iterators share: a fresh run would then
-    # train on another order than a resumed one (built before fit), and by
-    # how far the throwaway prefetched, on an order that varies with load.
+    # dataset's generator, which its iterators share: training would get the
+    # second draw, or a later one when the throwaway's prefetch wraps round a
+    # small corpus, so the order would vary with load.
     import tensorflow as tf
 
     from test_checkpoints import batch
