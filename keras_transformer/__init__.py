@@ -10,8 +10,8 @@ The public names, one line each in docs/api.md:
   `TransformerSchedule`, `transformer_adam`;
 - the road from text to a served model (TensorFlow, loaded on first use):
   `SubwordTokenizer`, `data` (`translation_dataset`, `pairs_dataset`,
-  `read_pairs`), `TrainingRun`, `weights_digest`, `TrainingConfig`,
-  `train`, `Translator`, `export_saved_model`, `load_saved_model`.
+  `read_pairs`), `TrainingRun`, `ValidateMovingAverage`, `weights_digest`,
+  `TrainingConfig`, `train`, `Translator`, `export_saved_model`, `load_saved_model`.
 """
 
 from keras_transformer import startup
@@ -43,6 +43,7 @@ _TENSORFLOW_NAMES = {
     "SubwordTokenizer": "keras_transformer.tokenizer",
     "data": None,
     "TrainingRun": "keras_transformer.training.run",
+    "ValidateMovingAverage": "keras_transformer.training.moving_average",
     "weights_digest": "keras_transformer.training.run",
     "TrainingConfig": "keras_transformer.pipeline.settings",
     "train": "keras_transformer.pipeline.trainer",

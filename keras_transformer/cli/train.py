@@ -160,6 +160,11 @@ def build_parser():
                         "strategies only")
     g.add_argument("--warmup-steps", type=int)
     g.add_argument("--lr-scale", type=float, help="multiplies the schedule")
+    g.add_argument("--ema", type=float, metavar="DECAY",
+                   help="keep an exponential moving average of the weights, "
+                        "average = DECAY * average + (1 - DECAY) * weights after each "
+                        "update, and validate, select best checkpoints and end with it "
+                        "(e.g. 0.999; 0: off, the default)")
     g.add_argument("--accumulation-steps", type=int,
                    help="micro-batches per update (effective batch = batch-tokens x "
                         "replicas x this)")

@@ -110,6 +110,7 @@ class TrainingConfig:
     max_minutes: float = _setting(None, float)
     warmup_steps: int = _setting(4000, int)
     lr_scale: float = _setting(1.0, float)
+    ema: float = _setting(0.0, float)
     accumulation_steps: int = _setting(1, int)
     precision: str = _setting("auto", str, ("auto",) + PRECISIONS)
     strategy: str = _setting(None, str, STRATEGIES)
@@ -333,6 +334,8 @@ def validate(config):
         if choices is not None and value is not None and value not in choices:
             raise ValueError(f"{_flag(name)} must be one of {list(choices)}, received "
                              f"{value!r}.")
+    if not 0.0 <= config.ema < 1.0:
+        raise ValueError(f"--ema must be in [0, 1), received {config.ema}.")
     if not 0.0 < config.character_coverage <= 1.0:
         raise ValueError(f"--character-coverage must be in (0, 1], received "
                          f"{config.character_coverage}.")

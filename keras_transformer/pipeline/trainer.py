@@ -126,7 +126,8 @@ def train(config, callbacks=()):
         model = Transformer(model_cfg)
         optimizer = transformer_adam(
             model_cfg.d_model, warmup_steps=model_cfg.warmup_steps, scale=config.lr_scale,
-            gradient_accumulation_steps=accumulation if accumulation > 1 else None)
+            gradient_accumulation_steps=accumulation if accumulation > 1 else None,
+            **({"use_ema": True, "ema_momentum": config.ema} if config.ema else {}))
         if accumulation > 1:
             optimizer.learning_rate = cb.PerUpdateSchedule(optimizer._learning_rate,
                                                            accumulation)

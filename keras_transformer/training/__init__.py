@@ -5,7 +5,9 @@
 - `callbacks`: stopping at a step or after a time, TensorBoard scalars,
   throughput;
 - `selection`: validation BLEU (`ValidationBleu`), the best K validated
-  checkpoints in `best/` and early stopping (`BestCheckpoints`).
+  checkpoints in `best/` and early stopping (`BestCheckpoints`);
+- `moving_average`: validating the optimizer's exponential moving average
+  of the weights (`ValidateMovingAverage`).
 
 The `kt-train` command over them is `keras_transformer/cli/train.py`.
 """

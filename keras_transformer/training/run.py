@@ -22,6 +22,10 @@ from keras_transformer.training.checkpoints import (
     build_for_restore,
     optimizer_step,
 )
+from keras_transformer.training.moving_average import (
+    ValidateMovingAverage,
+    moving_average_optimizer,
+)
 from keras_transformer.training.selection import BestCheckpoints, ValidationBleu
 from keras_transformer.training.strategy import is_chief, replicas_per_worker
 
@@ -237,6 +241,11 @@ class TrainingRun:
             best_metric: "bleu" (default with a translator) or "loss".
             patience: stop after this many validations without a new best.
 
+        With an optimizer made with `use_ema=True`, validation, validation
+        BLEU and the best checkpoints see its moving average of the weights
+        (`ValidateMovingAverage`, first and last in the list); callbacks
+        added after the list see the training weights.
+
         Returns: a list of `keras.callbacks.Callback`.
         """
         log_dir = self.run.log_dir if self.chief else None
@@ -256,4 +265,7 @@ class TrainingRun:
                                   keep_best, patience)
         if self.selection is not None:
             callbacks.append(self.selection)
+        if moving_average_optimizer(self.model.optimizer) is not None:
+            average = ValidateMovingAverage(self.model.optimizer)
+            callbacks = [average, *callbacks, average.restore]
         return callbacks
