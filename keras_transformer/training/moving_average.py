@@ -19,6 +19,8 @@ seen the end of the epoch, so training goes on from its own weights.
 import keras
 import tensorflow as tf
 
+from keras_transformer.training.checkpoints import optimizer_step
+
 __all__ = ["ValidateMovingAverage", "moving_average_optimizer", "swap_moving_average"]
 
 
@@ -81,31 +83,26 @@ class ValidateMovingAverage(keras.callbacks.Callback):
 
     def __init__(self, optimizer):
         super().__init__()
-        if moving_average_optimizer(optimizer) is None:
+        self._averaging = moving_average_optimizer(optimizer)
+        if self._averaging is None:
             raise ValueError("ValidateMovingAverage needs an optimizer made with "
                              "use_ema=True (kt-train --ema DECAY).")
         self.optimizer = optimizer
         self.swapped = False
-        self.validated = []  # the optimizer iterations at which the average was validated
+        self.validated = []  # the optimizer steps at which the average was validated
         outer = self
 
         class Restore(keras.callbacks.Callback):
             def on_epoch_end(self, epoch, logs=None):
-                outer._swap_back()
-
-            def on_train_end(self, logs=None):
-                outer._swap_back()
+                if outer.swapped:
+                    swap_moving_average(outer.optimizer)
+                    outer.swapped = False
 
         self.restore = Restore()
 
     def on_test_begin(self, logs=None):
-        if not self.swapped and getattr(moving_average_optimizer(self.optimizer),
-                                        "built", False):
+        # Unbuilt (evaluate before any update): no averages to swap in yet.
+        if not self.swapped and self._averaging.built:
             swap_moving_average(self.optimizer)
             self.swapped = True
-            self.validated.append(int(keras.ops.convert_to_numpy(self.optimizer.iterations)))
-
-    def _swap_back(self):
-        if self.swapped:
-            swap_moving_average(self.optimizer)
-            self.swapped = False
+            self.validated.append(optimizer_step(self.optimizer))
