@@ -6,6 +6,7 @@ The public names, one line each in docs/api.md:
   `get_config`, `TransformerConfig`, `PRESETS`, `Transformer`, `Encoder`,
   `Decoder`, `EncoderLayer`, `DecoderLayer`, `MultiHeadAttention`,
   `PositionwiseFeedForward`, `scaled_dot_product_attention`;
+- decoding several of them as one: `TransformerEnsemble`;
 - training it: `LabelSmoothedCrossEntropy`, `MaskedAccuracy`,
   `TransformerSchedule`, `transformer_adam`;
 - the road from text to a served model (TensorFlow, loaded on first use):
@@ -52,20 +53,24 @@ _TENSORFLOW_NAMES = {
     "load_saved_model": "keras_transformer.export.saved_model",
 }
 
+# Names of the layers above the model (decoding), also imported on first
+# use: the facade sits below them (tests/test_imports.py).
+_LATER_NAMES = {"TransformerEnsemble": "keras_transformer.decoding.ensemble"}
+
 __all__ = [
     "PRESETS", "TransformerConfig", "get_config", "Transformer", "Encoder", "Decoder",
     "EncoderLayer", "DecoderLayer", "MultiHeadAttention", "PositionwiseFeedForward",
     "scaled_dot_product_attention", "LabelSmoothedCrossEntropy", "MaskedAccuracy",
-    "TransformerSchedule", "transformer_adam", *_TENSORFLOW_NAMES,
+    "TransformerSchedule", "transformer_adam", *_LATER_NAMES, *_TENSORFLOW_NAMES,
 ]
 
 
 def __getattr__(name):
-    if name not in _TENSORFLOW_NAMES:
+    if name not in _TENSORFLOW_NAMES and name not in _LATER_NAMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
-    module = _TENSORFLOW_NAMES[name]
+    module = {**_LATER_NAMES, **_TENSORFLOW_NAMES}[name]
     if module is None:
         return importlib.import_module(f"{__name__}.{name}")
     return getattr(importlib.import_module(module), name)

@@ -19,7 +19,7 @@ def translation_parser(prog, description, ctranslate2=False):
     parser = argparse.ArgumentParser(
         prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    add_model_arguments(parser, ctranslate2=ctranslate2)
+    add_model_arguments(parser, ctranslate2=ctranslate2, ensemble=True)
     add_decoding_arguments(parser, defaults_from_model=True)
     startup.add_arguments(parser)
     return parser
@@ -28,11 +28,13 @@ def translation_parser(prog, description, ctranslate2=False):
 ENGINES = ("tensorflow", "ctranslate2")
 
 
-def add_model_arguments(parser, saved_model=True, ctranslate2=False):
+def add_model_arguments(parser, saved_model=True, ctranslate2=False, ensemble=False):
     """`--run-dir`/`--checkpoint` (and `--saved-model`, and
     `--ctranslate2-model`) to choose a model, exactly one of them; with
-    `ctranslate2`, also `--engine`, `--compute-type` and `--threads`
-    (`check_engine` checks them, `open_from_args` applies them)."""
+    `ensemble`, also `--ensemble` (more run directories decoding with
+    `--run-dir`'s as one); with `ctranslate2`, also `--engine`,
+    `--compute-type` and `--threads` (`check_engine` checks them,
+    `open_from_args` applies them)."""
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run-dir", help="a run directory (config.json, vocabulary, "
                         "checkpoints/; --checkpoint chooses which weights)")
@@ -46,6 +48,12 @@ def add_model_arguments(parser, saved_model=True, ctranslate2=False):
                             "ctranslate2 package; --alpha is then its length penalty, "
                             "log P / length**alpha)")
     parser.add_argument("--checkpoint", help=CHECKPOINT_HELP)
+    if ensemble:
+        parser.add_argument("--ensemble", metavar="RUN_DIR", action="append", default=[],
+                            help="with --run-dir: another run directory (same vocabulary) "
+                            "whose model, at the same --checkpoint, decodes with --run-dir's "
+                            "as one ensemble (the mean of their next-token probabilities); "
+                            "repeat for more members")
     if not ctranslate2:
         return
     group = parser.add_argument_group("engine")
@@ -127,6 +135,8 @@ def check_engine(parser, args):
     """Sets `args.engine` (see `--engine`) and `parser.error`s (exit status
     2, naming the flag) for engine flags that cannot work together."""
     ctranslate2_model = getattr(args, "ctranslate2_model", None)
+    if getattr(args, "ensemble", None) and args.run_dir is None:
+        parser.error("--ensemble adds members to --run-dir's model; it needs --run-dir")
     if args.engine is None:
         args.engine = "ctranslate2" if ctranslate2_model is not None else "tensorflow"
     if args.engine == "tensorflow":
@@ -136,6 +146,8 @@ def check_engine(parser, args):
             if getattr(args, name) is not None:
                 parser.error(f"--{name.replace('_', '-')} needs --engine ctranslate2")
         return
+    if getattr(args, "ensemble", None):
+        parser.error("--ensemble needs --engine tensorflow: CTranslate2 decodes one model")
     if getattr(args, "saved_model", None) is not None:
         parser.error("--engine ctranslate2 takes --ctranslate2-model (kt-export --format "
                      "ctranslate2) or --run-dir (converted as the command starts), "
@@ -186,7 +198,7 @@ def open_from_args(args):
         return translator
     return open_translator(
         run_dir=args.run_dir, checkpoint=args.checkpoint,
-        saved_model=getattr(args, "saved_model", None),
+        saved_model=getattr(args, "saved_model", None), ensemble=getattr(args, "ensemble", ()),
         beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length,
         min_length=args.min_length,
     )

@@ -31,6 +31,7 @@ import tempfile
 
 import tensorflow as tf
 
+from keras_transformer.decoding.ensemble import TransformerEnsemble
 from keras_transformer.export.engine import (
     SERVING_DEFAULT,
     TRANSLATE_EXPLAIN,
@@ -91,6 +92,9 @@ def export_translator(translator, output_dir="saved_models", name="transformer",
         raise ValueError(
             f"`name` must be letters, digits, '_', '.', '-', received {name!r}."
         )
+    if isinstance(translator.model, TransformerEnsemble):
+        raise ValueError("An ensemble is not exported: export one member, or one model "
+                         "whose weights are the members' average (kt-average).")
     model_dir = os.path.join(os.path.abspath(output_dir), name)
     os.makedirs(model_dir, exist_ok=True)
     if version is None:
@@ -264,9 +268,12 @@ def load_translator(path):
     return SavedModelTranslator(path)
 
 
-def open_translator(run_dir=None, checkpoint=None, saved_model=None, **defaults):
+def open_translator(run_dir=None, checkpoint=None, saved_model=None, ensemble=(),
+                    **defaults):
     """The translator a command line asked for: a `SavedModelTranslator` for
-    `saved_model`, else a `Translator` for `run_dir` (and `checkpoint`).
+    `saved_model`, else a `Translator` for `run_dir` (and `checkpoint`; with
+    `ensemble`, more run directories decoding with it as one ensemble, see
+    `translator_from_run_directory`).
     `defaults`: `Translator` decoding defaults (ignored for a SavedModel,
     whose defaults were fixed at export; pass options to `translate`), but
     a `min_length` other than the SavedModel's is a `ValueError`: it is
@@ -274,8 +281,9 @@ def open_translator(run_dir=None, checkpoint=None, saved_model=None, **defaults)
     if (saved_model is None) == (run_dir is None):
         raise ValueError("Give exactly one of a run directory or a SavedModel.")
     if saved_model is not None:
-        if checkpoint is not None:
-            raise ValueError("`checkpoint` applies to a run directory, not a SavedModel.")
+        if checkpoint is not None or ensemble:
+            raise ValueError("`checkpoint` and `ensemble` apply to a run directory, not a "
+                             "SavedModel.")
         translator = load_translator(saved_model)
         min_length = defaults.get("min_length")
         fixed = translator.metadata.get("min_length", 0)  # exports before it had none
@@ -287,7 +295,8 @@ def open_translator(run_dir=None, checkpoint=None, saved_model=None, **defaults)
     from keras_transformer.export.translator import translator_from_run_directory
 
     return translator_from_run_directory(
-        run_dir, checkpoint, **{k: v for k, v in defaults.items() if v is not None}
+        run_dir, checkpoint, ensemble=ensemble,
+        **{k: v for k, v in defaults.items() if v is not None}
     )
 
 

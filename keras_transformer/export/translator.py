@@ -50,6 +50,7 @@ from keras_transformer.decoding import (
     sample_translate,
 )
 from keras_transformer.decoding.common import check_min_length
+from keras_transformer.decoding.ensemble import TransformerEnsemble
 from keras_transformer.decoding.sampling import check_sampling_options
 from keras_transformer.export import column_blocks
 from keras_transformer.export.engine import (
@@ -222,6 +223,9 @@ class Translator(tf.Module, ExplainingEngine):
         _check_matches(config, tokenizer, target_tokenizer)
         _check_search_options(beam_size, extra_length, config.output_vocab_size)
         check_min_length(min_length, tensor_ok=False)
+        if isinstance(model, TransformerEnsemble) and xla_column_blocks != 1:
+            raise ValueError("`xla_column_blocks` splits one model's layers; a "
+                             "TransformerEnsemble takes the default, 1.")
         self._model = _Unchecked(model)
         self.config = config
         self.tokenizer = tokenizer
@@ -478,6 +482,9 @@ class Translator(tf.Module, ExplainingEngine):
         pieces, 0.0."""
         config = self.config
         model = self.model
+        if isinstance(model, TransformerEnsemble):
+            raise ValueError("explain shows one model's cross-attention; a "
+                             "TransformerEnsemble has one per member: explain with a member.")
         positions = tf.range(tf.shape(best)[1])[None]
         first_eos = tf.argmax(tf.cast(tf.equal(best, config.eos_id), tf.int32), axis=1,
                               output_type=tf.int32)
@@ -841,15 +848,37 @@ def metadata_json(translator):
     return json.dumps(translator.metadata(), indent=2, sort_keys=True)
 
 
-def translator_from_run_directory(run_dir, checkpoint=None, **kwargs):
+def translator_from_run_directory(run_dir, checkpoint=None, ensemble=(), **kwargs):
     """A `Translator` for a run directory's model and its source and target
     tokenizers (`RunDirectory.load_tokenizers`). `checkpoint` goes to
     `RunDirectory.load_model` unchanged (a selector or a prefix; None: its
-    default). `kwargs`: the `Translator` decoding defaults."""
+    default). `ensemble`: more run directories (or `RunDirectory`s) whose
+    models, at the same `checkpoint` selector, decode with this one as a
+    `TransformerEnsemble`; their vocabularies must be the same files'
+    contents (`ValueError` naming the run otherwise). `kwargs`: the
+    `Translator` decoding defaults."""
     from keras_transformer.run_directory import RunDirectory
 
-    run = run_dir if isinstance(run_dir, RunDirectory) else RunDirectory(run_dir)
-    config = run.load_config().replace(dropout=0.0)
-    model = run.load_model(checkpoint=checkpoint, config=config)
-    source, target = run.load_tokenizers()  # the same object twice when shared
+    runs = [r if isinstance(r, RunDirectory) else RunDirectory(r)
+            for r in [run_dir, *ensemble]]
+    source, target = runs[0].load_tokenizers()  # the same object twice when shared
+    models = []
+    for run in runs:
+        if run is not runs[0]:
+            _check_same_vocabulary(runs[0], run, (source, target))
+        config = run.load_config().replace(dropout=0.0)
+        models.append(run.load_model(checkpoint=checkpoint, config=config))
+    model = models[0] if len(models) == 1 else TransformerEnsemble(models)
     return Translator(model, source, target_tokenizer=target, **kwargs)
+
+
+def _check_same_vocabulary(first, run, tokenizers):
+    """`ValueError` unless `run`'s vocabularies are `first`'s
+    (`tokenizers`), byte for byte: an ensemble reads every member's output
+    with one tokenizer."""
+    theirs = run.load_tokenizers()
+    if [t.model_proto for t in theirs] != [t.model_proto for t in tokenizers]:
+        raise ValueError(
+            f"Ensemble member {run.path} has another vocabulary than {first.path}: "
+            "train the members with one vocabulary (kt-train --vocab "
+            f"{first.path}/vocab.model).")
