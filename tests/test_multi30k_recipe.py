@@ -16,8 +16,9 @@ import pytest
 from support.processes import ENV, ROOT, write_corpus
 
 
-@pytest.mark.parametrize("selection", ["last", "best"])
-def test_the_recipe_runs_on_a_time_budget(tmp_path, selection):
+def run_recipe(tmp_path, **settings):
+    """scripts/multi30k.sh on a tiny corpus for 0.25 minutes; `settings`:
+    its environment variables. Returns `(completed process, run directory)`."""
     data = tmp_path / "multi30k"
     data.mkdir()
     write_corpus(str(data))
@@ -26,8 +27,7 @@ def test_the_recipe_runs_on_a_time_budget(tmp_path, selection):
         with gzip.open(data / f"test_2016_flickr.{lang}.gz", "wt") as f:
             f.write("\n".join(lines) + "\n")
     run = tmp_path / "run"
-    env = {**ENV, "DATA": str(data), "RUN_DIR": str(run), "MINUTES": "0.25",
-           "SELECTION": selection}
+    env = {**ENV, "DATA": str(data), "RUN_DIR": str(run), "MINUTES": "0.25", **settings}
     out = subprocess.run(
         ["bash", os.path.join(ROOT, "scripts", "multi30k.sh"), "--config", "tiny",
          "--vocab-size", "400", "--batch-tokens", "128", "--max-length", "64",
@@ -35,6 +35,12 @@ def test_the_recipe_runs_on_a_time_budget(tmp_path, selection):
          "--warmup-steps", "20", "--shuffle-buffer", "50"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out, run
+
+
+@pytest.mark.parametrize("selection", ["last", "best"])
+def test_the_recipe_runs_on_a_time_budget(tmp_path, selection):
+    out, run = run_recipe(tmp_path, SELECTION=selection)
     stopped = re.search(r"Stopping after 0\.2 minutes of training \(--max-minutes\) at step "
                         r"(\d+)", out.stdout)
     assert stopped, out.stdout[-3000:]
@@ -67,3 +73,27 @@ def test_the_recipe_runs_on_a_time_budget(tmp_path, selection):
     assert "BLEU|nrefs:1|case:mixed|eff:no|tok:13a" in out.stdout
     assert len((run / "test_2016_flickr.hyp.de").read_text().splitlines()) == 6
     assert re.search(r"wall time: training \d+ s", out.stdout)
+
+
+def test_members_train_side_by_side_and_translate_as_one_ensemble(tmp_path):
+    out, run = run_recipe(tmp_path, MEMBERS="2")
+    second = tmp_path / "run-2"
+    for k in (1, 2):
+        assert re.search(rf"^\[{k}\] Stopping after 0\.2 minutes of training", out.stdout,
+                         re.M), out.stdout[-3000:]
+    args = json.loads((second / "train_args.json").read_text())
+    assert args["seed"] == 2 and args["vocab"] == f"{run}/vocab.model"
+    assert (second / "vocab.model").read_bytes() == (run / "vocab.model").read_bytes()
+    assert len(re.findall(r"Averaged \d+ checkpoints", out.stdout)) == 2
+    # kt-evaluate loads both averages, as one ensemble.
+    assert out.stderr.count("Loaded averaged/ckpt-") == 2, out.stderr[-3000:]
+    assert "BLEU|nrefs:1|case:mixed|eff:no|tok:13a" in out.stdout
+    assert len((run / "test_2016_flickr.hyp.de").read_text().splitlines()) == 6
+
+
+def test_a_bad_member_count_is_named(tmp_path):
+    out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "multi30k.sh")],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300,
+                         env={**ENV, "MEMBERS": "two", "DATA": str(tmp_path)})
+    assert out.returncode == 2
+    assert "MEMBERS must be a positive integer, not 'two'" in out.stderr
