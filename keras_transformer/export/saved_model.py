@@ -92,7 +92,7 @@ def export_translator(translator, output_dir="saved_models", name="transformer",
         raise ValueError(
             f"`name` must be letters, digits, '_', '.', '-', received {name!r}."
         )
-    if isinstance(translator.model, TransformerEnsemble):
+    if isinstance(getattr(translator, "model", None), TransformerEnsemble):
         raise ValueError("An ensemble is not exported: export one member, or one model "
                          "whose weights are the members' average (kt-average).")
     model_dir = os.path.join(os.path.abspath(output_dir), name)
