@@ -42,6 +42,7 @@ class TransformerConfig:
     activation_dropout: float = 0.0
     label_smoothing: float = 0.1  # eps_ls (5.4)
     r_drop: float = 0.0  # R-Drop's alpha (r_drop.py); 0: off
+    layer_drop: float = 0.0  # LayerDrop: a layer's skip probability in training
     norm_first: bool = False  # the paper is post-LN
     layer_norm_epsilon: float = 1e-6
     position_encoding: str = "sinusoidal"  # or "learned" (Table 3 row E)
@@ -66,7 +67,7 @@ class TransformerConfig:
                 f"({self.num_heads})."
             )
         for name in ("dropout", "attention_dropout", "activation_dropout",
-                     "label_smoothing"):
+                     "label_smoothing", "layer_drop"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"`{name}` must be in [0, 1), received {value!r}.")

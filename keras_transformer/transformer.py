@@ -95,6 +95,8 @@ class Transformer(keras.Model):
             activation_dropout=c.activation_dropout, norm_first=c.norm_first,
             epsilon=c.layer_norm_epsilon, dtype=policy,
         )
+        if c.layer_drop:
+            stack_args.update(layer_drop=c.layer_drop)
         self.encoder = Encoder(c.num_layers, name="encoder", **stack_args)
         self.decoder = Decoder(c.decoder_layers, name="decoder", **stack_args)
         self.output_projection = (

@@ -12,6 +12,7 @@ import keras_transformer as kt
 from keras_transformer.cli.train import build_parser, training_config
 from keras_transformer.pipeline.settings import model_config
 from keras_transformer.r_drop import symmetric_kl
+from support.common import fit_copy_task
 
 
 def numpy_symmetric_kl(a, b):
@@ -77,14 +78,7 @@ def test_the_loss_is_the_mean_cross_entropy_plus_alpha_times_the_kl(alpha):
 
 
 def test_a_script_trains_with_it_through_fit():
-    tok = kt.SubwordTokenizer.train(CORPUS, vocab_size=400)
-    config = kt.get_config("tiny", tokenizer=tok, r_drop=1.0, dropout=0.3)
-    model = kt.Transformer(config)
-    model.compile(optimizer=kt.transformer_adam(config.d_model, warmup_steps=10),
-                  loss=kt.LabelSmoothedCrossEntropy(pad_id=config.pad_id))
-    data = kt.data.translation_dataset([(s, s) for s in CORPUS], tok, batch_tokens=256)
-    history = model.fit(data, epochs=1, steps_per_epoch=2, verbose=0)
-    assert np.isfinite(history.history["loss"][0])
+    assert np.isfinite(fit_copy_task(CORPUS, r_drop=1.0, dropout=0.3))
     with pytest.raises(ValueError, match="r_drop"):
         kt.get_config("tiny", vocab_size=40, r_drop=-1.0)
 

@@ -862,12 +862,11 @@ def translator_from_run_directory(run_dir, checkpoint=None, ensemble=(), **kwarg
     runs = [r if isinstance(r, RunDirectory) else RunDirectory(r)
             for r in [run_dir, *ensemble]]
     source, target = runs[0].load_tokenizers()  # the same object twice when shared
-    models = []
-    for run in runs:
-        if run is not runs[0]:
-            _check_same_vocabulary(runs[0], run, (source, target))
-        config = run.load_config().replace(dropout=0.0)
-        models.append(run.load_model(checkpoint=checkpoint, config=config))
+    for run in runs[1:]:
+        _check_same_vocabulary(runs[0], run, (source, target))
+    models = [run.load_model(checkpoint=checkpoint,
+                             config=run.load_config().replace(dropout=0.0))
+              for run in runs]
     model = models[0] if len(models) == 1 else TransformerEnsemble(models)
     return Translator(model, source, target_tokenizer=target, **kwargs)
 

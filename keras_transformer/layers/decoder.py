@@ -184,7 +184,8 @@ class Decoder(TransformerStack):
     """A stack of `num_layers` `DecoderLayer`s (`decoder_layers`) with no
     weight sharing, and a final LayerNorm when `norm_first`.
 
-    Args: `num_layers` and the `DecoderLayer` arguments.
+    Args: `num_layers` and the `DecoderLayer` arguments; `layer_drop`, `seed`: LayerDrop in
+    training (`TransformerStack`).
 
     Call: `x (batch, tgt_len, d_model)`, `memory (batch, src_len, d_model)`,
     masks as in `DecoderLayer` -> `(batch, tgt_len, d_model)`, or
@@ -221,8 +222,8 @@ class Decoder(TransformerStack):
                 )
                 all_weights.append(weights)
             else:
-                x = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask,
-                          training=training)
+                x = self._run_layer(layer, x, training, memory, self_mask=self_mask,
+                                    memory_mask=memory_mask)
         x = self._final_norm(x)
         return (x, all_weights) if return_attention_weights else x
 

@@ -61,7 +61,8 @@ class Encoder(TransformerStack):
     """A stack of `num_layers` `EncoderLayer`s (`encoder_layers`) with no
     weight sharing, and a final LayerNorm when `norm_first`.
 
-    Args: `num_layers` and the `EncoderLayer` arguments.
+    Args: `num_layers` and the `EncoderLayer` arguments; `layer_drop`, `seed`: LayerDrop in
+    training (`TransformerStack`).
 
     Call: `x (batch, src_len, d_model)`, `mask (batch, 1, 1, src_len)` ->
     `(batch, src_len, d_model)`, or `(x, [weights per layer])` when
@@ -99,6 +100,6 @@ class Encoder(TransformerStack):
                                    return_attention_weights=True)
                 all_weights.append(weights)
             else:
-                x = layer(x, mask=mask, training=training)
+                x = self._run_layer(layer, x, training, mask=mask)
         x = self._final_norm(x)
         return (x, all_weights) if return_attention_weights else x

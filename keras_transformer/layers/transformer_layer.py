@@ -117,7 +117,16 @@ class TransformerStack(PassesKerasMask, keras.layers.Layer):
     `layers_attribute`, and a final LayerNorm when `norm_first` (pre-LN
     leaves the residual stream unnormalized otherwise).
 
-    Args: `num_layers`, then the `TransformerLayer` arguments.
+    Args: `num_layers`, then the `TransformerLayer` arguments, and
+        layer_drop: LayerDrop (Fan et al., ICLR 2020, "Reducing Transformer
+            Depth on Demand with Structured Dropout"): in training each
+            layer is skipped for the whole batch with this probability, its
+            input passed on unchanged; inference (and a call that returns
+            attention weights) runs every layer. The skipped layer is still
+            computed and its output discarded (one graph on every backend),
+            so an update costs the same. 0 (the default) adds no random
+            state, so checkpoints are unchanged.
+        seed: optional int, for reproducible layer choices.
     """
 
     layer_class = None
@@ -125,11 +134,17 @@ class TransformerStack(PassesKerasMask, keras.layers.Layer):
 
     def __init__(self, num_layers, d_model, num_heads, d_ff, dropout=0.0,
                  attention_dropout=0.0, activation_dropout=0.0, norm_first=False,
-                 epsilon=1e-6, **kwargs):
+                 epsilon=1e-6, layer_drop=0.0, seed=None, **kwargs):
         super().__init__(**kwargs)
         if num_layers <= 0:
             raise ValueError(f"`num_layers` must be positive, received {num_layers}.")
+        if not 0.0 <= layer_drop < 1.0:
+            raise ValueError(f"`layer_drop` must be in [0, 1), received {layer_drop!r}.")
         self.num_layers = num_layers
+        self.layer_drop = layer_drop
+        self.seed = seed
+        if layer_drop > 0:
+            self.seed_generator = keras.random.SeedGenerator(seed)
         self.layer_kwargs = dict(
             d_model=d_model, num_heads=num_heads, d_ff=d_ff, dropout=dropout,
             attention_dropout=attention_dropout,
@@ -166,7 +181,18 @@ class TransformerStack(PassesKerasMask, keras.layers.Layer):
     def _final_norm(self, x):
         return x if self.final_norm is None else self.final_norm(x)
 
+    def _run_layer(self, layer, x, training, *args, **kwargs):
+        """`layer(x, *args, training=training, **kwargs)`, or `x` when
+        LayerDrop skips the layer for this batch."""
+        y = layer(x, *args, training=training, **kwargs)
+        if not training or self.layer_drop == 0:
+            return y
+        keep = keras.random.uniform((), seed=self.seed_generator) >= self.layer_drop
+        return keras.ops.where(keep, y, x)
+
     def get_config(self):
         config = super().get_config()
         config.update(num_layers=self.num_layers, **self.layer_kwargs)
+        if self.layer_drop:
+            config.update(layer_drop=self.layer_drop, seed=self.seed)
         return config

@@ -1,5 +1,5 @@
-"""Helpers shared by the test modules: random token ids and a tiny model
-trained on one batch."""
+"""Helpers shared by the test modules: random token ids, and a tiny model
+trained on one batch or fitted as a script would."""
 
 import keras
 import numpy as np
@@ -70,3 +70,16 @@ def record_token_batches(monkeypatch):
 
     monkeypatch.setattr(batching, "token_batches", recording)
     return calls
+
+
+def fit_copy_task(sentences, **config_fields):
+    """`model.fit` for two updates of the `tiny` preset (with
+    `config_fields`) on `sentences` translated to themselves, as a script
+    would; returns the first epoch's loss."""
+    tok = kt.SubwordTokenizer.train(sentences, vocab_size=400)
+    config = kt.get_config("tiny", tokenizer=tok, **config_fields)
+    model = kt.Transformer(config)
+    model.compile(optimizer=kt.transformer_adam(config.d_model, warmup_steps=10),
+                  loss=kt.LabelSmoothedCrossEntropy(pad_id=config.pad_id))
+    data = kt.data.translation_dataset([(s, s) for s in sentences], tok, batch_tokens=256)
+    return model.fit(data, epochs=1, steps_per_epoch=2, verbose=0).history["loss"][0]
