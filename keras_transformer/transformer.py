@@ -93,10 +93,8 @@ class Transformer(keras.Model):
             d_model=c.d_model, num_heads=c.num_heads, d_ff=c.d_ff, dropout=c.dropout,
             attention_dropout=c.attention_dropout,
             activation_dropout=c.activation_dropout, norm_first=c.norm_first,
-            epsilon=c.layer_norm_epsilon, dtype=policy,
+            epsilon=c.layer_norm_epsilon, layer_drop=c.layer_drop, dtype=policy,
         )
-        if c.layer_drop:
-            stack_args.update(layer_drop=c.layer_drop)
         self.encoder = Encoder(c.num_layers, name="encoder", **stack_args)
         self.decoder = Decoder(c.decoder_layers, name="decoder", **stack_args)
         self.output_projection = (
