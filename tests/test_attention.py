@@ -6,6 +6,7 @@ from keras_transformer.layers import MultiHeadAttention, scaled_dot_product_atte
 from keras_transformer.layers.masks import cache_mask, causal_mask, keras_mask, padding_mask
 
 
+@pytest.mark.numerics
 def test_scaled_dot_product_attention_matches_numpy():
     rng = np.random.default_rng(0)
     q, k, v = (rng.normal(size=(2, 3, s, 4)).astype("float32") for s in (5, 6, 6))
@@ -62,6 +63,7 @@ def _copy_into_keras_mha(ours, d_model, heads):
     return theirs
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("with_mask", [False, True])
 @pytest.mark.parametrize("weights", [True, False])
 def test_multi_head_attention_equals_keras_layer(with_mask, weights):

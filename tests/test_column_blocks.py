@@ -46,6 +46,7 @@ def test_block_sizes_cover_the_columns_and_refuse_bad_counts():
         column_blocks.block_sizes(3, 4)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("blocks", [2, 3])
 @pytest.mark.parametrize("activation,use_bias", [("relu", True), (None, True), (None, False)])
 def test_dense_in_blocks_is_the_same_product(blocks, activation, use_bias):
@@ -94,6 +95,7 @@ def test_a_scope_reaches_its_own_thread_only():
     assert np.abs(other["out"]).max() > 0
 
 
+@pytest.mark.numerics
 def test_products_of_many_rows_use_the_layers_own_weights():
     layer = Dense(6)
     layer.build((None, 5))
@@ -122,6 +124,7 @@ def test_rows_unknown_when_traced_are_checked_when_run():
     np.testing.assert_array_equal(traced(many).numpy(), layer(many).numpy())
 
 
+@pytest.mark.numerics
 def test_table_logits_in_row_blocks_are_the_same_product():
     rng = np.random.default_rng(7)
     table = TokenEmbedding(50, 8)

@@ -208,6 +208,7 @@ def test_validation_and_config():
     assert (clone.rate, clone.seed) == (0.3, 7)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fused_dropout_add_norm_equals_the_unfused_layers(dtype):
     # LayerNorm(residual + dropout(x)) in one cluster against dropout with

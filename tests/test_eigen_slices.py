@@ -15,6 +15,9 @@ from keras_transformer.kernels import eigen_slices
 from support.common import force_matmul_kernels, train_with_and_without_eigen
 from support.float32 import assert_matmul_close
 
+# Compares float results of two computation paths (docs/testing.md#numerics).
+pytestmark = pytest.mark.numerics
+
 
 @pytest.mark.parametrize("width,slice_size,expected", [
     (8192, 1024, [1024] * 8),

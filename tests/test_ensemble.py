@@ -47,6 +47,7 @@ def first_step_logits(model):
     return keras.ops.convert_to_numpy(keras.ops.cast(logits, "float32")).astype(np.float64)
 
 
+@pytest.mark.numerics
 def test_a_step_is_the_log_of_the_members_mean_probability():
     members = [built_model(1), built_model(2), built_model(3)]
     expected = np.log(np.mean([np.exp(logits - logits.max(-1, keepdims=True))
@@ -61,6 +62,7 @@ def test_a_step_is_the_log_of_the_members_mean_probability():
     assert np.abs(actual - first_step_logits(members[0])).max() > 1e-3  # a real mixture
 
 
+@pytest.mark.numerics
 def test_one_member_decodes_exactly_as_the_model_alone():
     model = built_model(1)
     alone, ensemble = search(model), search(kt.TransformerEnsemble([model]))
@@ -68,6 +70,7 @@ def test_one_member_decodes_exactly_as_the_model_alone():
     np.testing.assert_array_equal(ensemble[1], alone[1])
 
 
+@pytest.mark.numerics
 def test_copies_of_one_model_decode_as_the_model_alone():
     model = built_model(1)
     sequences, scores = search(model)

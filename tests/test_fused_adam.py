@@ -32,6 +32,7 @@ def _run(cls, steps=5, sparse=False, **kwargs):
     return [v.numpy() for v in variables], optimizer
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("options", [
     {}, {"sparse": True}, {"global_clipnorm": 0.5}, {"gradient_accumulation_steps": 2},
     {"weight_decay": 0.01}, {"amsgrad": True},

@@ -10,6 +10,7 @@ import keras_transformer as kt
 from keras_transformer.cli.train import build_parser, training_config
 from keras_transformer.pipeline.settings import model_config
 from support.common import fit_copy_task
+from support.float32 import assert_close_in_ulps
 
 SIZES = dict(d_model=8, num_heads=2, d_ff=12)
 CALLS = 60
@@ -25,16 +26,18 @@ def stack_and_inputs(cls, **kwargs):
     return stack, args
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("cls", [kt.Encoder, kt.Decoder])
 def test_training_skips_whole_layers_and_inference_runs_them_all(cls):
     """One layer and no dropout: a training call returns either the input
-    (skipped) or exactly what inference returns (run), and each happens
-    about half the time at rate 0.5."""
+    exactly (skipped: no arithmetic) or what inference returns (run, within
+    float32 summation order: the training graph may sum in another order),
+    and each happens about half the time at rate 0.5."""
     stack, args = stack_and_inputs(cls, num_layers=1, layer_drop=0.5, seed=7)
     plain, _ = stack_and_inputs(cls, num_layers=1)
     plain.set_weights(stack.get_weights())
     full = np.asarray(stack(*args, training=False))
-    np.testing.assert_array_equal(full, np.asarray(plain(*args, training=False)))
+    assert_close_in_ulps(np.asarray(plain(*args, training=False)), full)
     assert not np.allclose(full, args[0], atol=1e-3)
     skipped = 0
     for _ in range(CALLS):
@@ -42,7 +45,7 @@ def test_training_skips_whole_layers_and_inference_runs_them_all(cls):
         if np.array_equal(y, args[0]):
             skipped += 1
         else:
-            np.testing.assert_array_equal(y, full)
+            assert_close_in_ulps(y, full)
     # Binomial(60, 0.5): outside [15, 45] with probability below 1e-4.
     assert 15 <= skipped <= 45
 

@@ -93,6 +93,7 @@ def test_keras_masks_are_padding_masks_in_the_stacks():
     assert result["encoder_output_mask_kept"]
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("batch", [3, 2])  # batch == src_len broadcast silently
 def test_keras_masks_are_padding_masks_in_single_layers(batch):
     # Pre-LN (SIZES): the masked input reaches the norm, dropout and
@@ -117,6 +118,7 @@ def test_keras_masks_are_padding_masks_in_single_layers(batch):
     np.testing.assert_allclose(decoded, decoder_layer(target, plain, memory_mask=mask), atol=1e-6)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
 def test_keras_masks_survive_the_mixed_precision_input_cast(policy):
     # A float32 embedding (e.g. one kept in float32 for its table) feeding

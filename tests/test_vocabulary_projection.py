@@ -13,6 +13,9 @@ from keras_transformer.kernels import vocabulary_projection
 from keras_transformer.layers.embedding import TokenEmbedding
 from support.common import force_matmul_kernels
 
+# Compares float results of two computation paths (docs/testing.md#numerics).
+pytestmark = pytest.mark.numerics
+
 
 @pytest.mark.parametrize("vocab,slice_size", [(10, 4), (12, 4), (7, 16)])
 def test_values_and_gradients_equal_one_matmul(vocab, slice_size):

@@ -42,3 +42,24 @@ def assert_matmul_close(actual, expected, a, b):
         f"at {worst}: {actual[worst]} vs {expected[worst]}, difference "
         f"{abs(float(actual[worst]) - float(expected[worst])):.3g} exceeds the float32 "
         f"summation-order bound {bound[worst]:.3g}")
+
+
+def assert_close_in_ulps(actual, expected, ulps=64):
+    """Asserts that two float32 evaluations of one composite computation (a
+    layer: several matmuls, a softmax, a normalisation) agree within `ulps`
+    units in the last place of the output's scale, `max(1, max|expected|)`.
+
+    Each operation's summation order may differ between paths (oneDNN,
+    Eigen, a fused or a traced graph); its error is a few ulps, and a stack
+    of a few operations on unit-scale values stays within tens of them. A
+    real difference (a skipped residual, dropout applied) is of the order
+    of the values themselves, far above the bound."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    scale = max(1.0, float(np.abs(expected).max()))
+    bound = ulps * float(np.finfo(np.float32).eps) * scale
+    worst = np.unravel_index(np.argmax(np.abs(actual - expected)), actual.shape)
+    difference = abs(float(actual[worst]) - float(expected[worst]))
+    assert difference <= bound, (
+        f"at {worst}: {actual[worst]} vs {expected[worst]}, difference {difference:.3g} "
+        f"exceeds {ulps} ulps of the output's scale {scale:.3g} ({bound:.3g})")
