@@ -75,7 +75,8 @@ def test_a_large_extra_length_is_the_model_s_maximum_not_a_wrap(loaded):
 def test_kt_serve_answers_bad_options_with_a_readable_400_and_a_huge_version_with_404(export):
     # kt-serve's own beam limit lifted: the model's check answers.
     process, url = start_server(["--model-name", NAME, "--model-base-path",
-                                 os.path.dirname(export), "--max-beam-size", str(2**31 - 1)])
+                                 os.path.dirname(export), "--max-beam-size", str(2**31 - 1),
+                                 "--max-request-work", "0"])
     try:
         body = {"signature_name": "translate_with_options",
                 "inputs": {"text": ["the dog"], "beam_size": 2**30 + 1, "alpha": 0.6,

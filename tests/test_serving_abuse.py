@@ -310,3 +310,181 @@ def test_metrics_count_rest_and_grpc_requests(server):
         assert 'entrypoint="GRPC"' in text
     assert ":tensorflow:cc:saved_model:load_latency" in text
     assert ":tensorflow:serving:model_warmup_latency_count" in text
+
+
+# Probes with a status GET alongside --------------------------------------------
+
+
+class StatusWatch:
+    """GETs the model's status every 0.25 s on its own connection while a
+    probe runs; `worst` is the slowest answer (seconds), a failure counts
+    as the probe's whole duration."""
+
+    def __init__(self, url):
+        self.url, self.worst, self._stop = f"{url}/v1/models/{NAME}", 0.0, False
+
+    def __enter__(self):
+        import threading
+
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self):
+        with requests.Session() as session:
+            while not self._stop:
+                start = time.monotonic()
+                try:
+                    ok = session.get(self.url, timeout=10).status_code == 200
+                except requests.RequestException:
+                    ok = False
+                took = time.monotonic() - start
+                self.worst = max(self.worst, took if ok else 10.0)
+                time.sleep(0.25)
+
+    def __exit__(self, *exc):
+        self._stop = True
+        self._thread.join(15)
+
+
+def _probe(server, what, run):
+    """Runs `run()` with a `StatusWatch`; returns and prints the record:
+    the answer, seconds, resident memory growth (MiB) and the worst status
+    GET latency."""
+    before = rss_mib(server["process"].pid)
+    with StatusWatch(server["url"]) as watch:
+        time.sleep(0.3)  # a first status GET before the probe
+        start = time.monotonic()
+        answer = run()
+        took = time.monotonic() - start
+        time.sleep(0.3)
+    record = {"probe": what, "answer": answer, "seconds": round(took, 3),
+              "memory_growth_mib": round(rss_mib(server["process"].pid) - before, 1),
+              "worst_status_get_seconds": round(watch.worst, 3)}
+    print("PROBE", json.dumps(record))
+    return record
+
+
+def _grpc_text_request(signature="serving_default"):
+    from tensorflow_serving.apis import predict_pb2
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = NAME
+    request.model_spec.signature_name = signature
+    return request
+
+
+def _grpc_code(predict, request):
+    import grpc
+
+    try:
+        predict.Predict(request, timeout=60)
+        return "OK"
+    except grpc.RpcError as e:
+        assert "Traceback" not in (e.details() or "")
+        return e.code().name
+
+
+def test_grpc_tensors_are_checked_before_they_are_materialised(server, stub):
+    from tensorflow.core.framework import types_pb2
+
+    predict, _ = stub
+    huge = _grpc_text_request()
+    text = huge.inputs["text"]
+    text.dtype = types_pb2.DT_STRING
+    text.tensor_shape.dim.add().size = 50_000_000
+    text.string_val.append(b"a dog")
+    no_dtype = _grpc_text_request()
+    no_dtype.inputs["text"].tensor_shape.dim.add().size = 1
+    no_dtype.inputs["text"].string_val.append(b"a dog")
+    short = _grpc_text_request()
+    short.inputs["text"].dtype = types_pb2.DT_STRING
+    short.inputs["text"].tensor_shape.dim.add().size = 3
+    short.inputs["text"].string_val.extend([b"a", b"b"])
+    content = _predict_request("translate_with_options", ["a dog"], beam_size=2, **OPTIONS)
+    content.inputs["beam_size"].ClearField("int_val")
+    content.inputs["beam_size"].tensor_content = b"\0" * 64
+    negative = _grpc_text_request()
+    negative.inputs["text"].dtype = types_pb2.DT_STRING
+    negative.inputs["text"].tensor_shape.dim.add().size = -5
+    for what, request in (("shape [50,000,000], one string", huge), ("no dtype", no_dtype),
+                          ("shape [3], two strings", short),
+                          ("beam_size of 64 bytes", content), ("shape [-5]", negative)):
+        record = _probe(server, f"gRPC {what}", lambda r=request: _grpc_code(predict, r))
+        assert record["answer"] == "INVALID_ARGUMENT", record
+        assert record["seconds"] < 1 and record["memory_growth_mib"] < 50, record
+        assert record["worst_status_get_seconds"] < 1, record
+
+
+def test_the_work_budget_refuses_the_largest_requests_before_they_run(server):
+    sentence = " ".join(["the dog sees a cat"] * 8)  # 40 words
+    body = {"signature_name": "translate_with_options",
+            "inputs": {"text": [sentence] * 512, "beam_size": 64, "alpha": 0.6,
+                       "extra_length": 64}}
+
+    def post():
+        answer = requests.post(f"{server['url']}/v1/models/{NAME}:predict", json=body,
+                               timeout=60)
+        assert "--max-request-work" in answer.json()["error"], answer.text
+        return answer.status_code
+
+    record = _probe(server, "512 sentences of 40 words, beam 64, extra_length 64", post)
+    assert record["answer"] == 400 and record["seconds"] < 2, record
+    assert record["worst_status_get_seconds"] < 1, record
+
+
+def test_3000_idle_connections_do_not_lock_clients_out(server):
+    """3,000 sockets opened at once and held: the server accepts the burst
+    (the longest idle ones closed beyond --max-connections), then a new
+    client is served within a second while they stay open."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 3500:
+        pytest.skip(f"needs 3,500 open files, the limit is {soft} (ulimit -n)")
+    idle = []
+
+    def open_hold_and_post():
+        for _ in range(3000):
+            idle.append(socket.create_connection(server["address"], timeout=5))
+        burst = time.monotonic()
+        while requests.get(f"{server['url']}/v1/models/{NAME}", timeout=30).status_code != 200:
+            pass
+        caught_up = time.monotonic() - burst
+        time.sleep(0.5)
+        start = time.monotonic()
+        answer = requests.post(f"{server['url']}/v1/models/{NAME}:predict",
+                               json={"inputs": {"text": ["a dog"]}}, timeout=30)
+        return answer.status_code, round(time.monotonic() - start, 3), round(caught_up, 3)
+
+    try:
+        record = _probe(server, "3,000 idle TCP connections", open_hold_and_post)
+    finally:
+        for s in idle:
+            s.close()
+    status, served_in, _ = record["answer"]
+    assert status == 200 and served_in < 1, record
+
+
+def test_a_header_line_that_never_ends_is_cut_at_the_limit(server):
+    def send():
+        sent = 0
+        with socket.create_connection(server["address"], timeout=5) as sock:
+            sock.sendall(b"GET /v1/models/tiny HTTP/1.1\r\nHost: x\r\nX-Endless: ")
+            try:
+                for _ in range(200):  # 12.5 MiB if nothing stops it
+                    sock.sendall(b"a" * 65536)
+                    sent += 65536
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            try:
+                answer = sock.recv(4096)
+            except (ConnectionResetError, TimeoutError):
+                answer = b""
+        return [answer[:12].decode(), sent]
+
+    record = _probe(server, "a header line that never ends, 64 KiB chunks", send)
+    status, sent = record["answer"]
+    assert status in ("HTTP/1.1 431", ""), record  # the 431 may be lost to the reset
+    assert sent < 4 << 20, record
+    assert record["worst_status_get_seconds"] < 1, record

@@ -125,6 +125,16 @@ def build_parser():
                       default=limits.DEFAULT_MAX_BEAM_SIZE,
                       help="largest beam_size a request may ask for; larger get 400 "
                       "(default: %(default)s)")
+    work.add_argument("--max-request-work", type=_at_least(0),
+                      default=limits.DEFAULT_MAX_REQUEST_WORK,
+                      help="most work one request may ask for: sentences x beam x (source "
+                      "pieces + target limit), source pieces bounded by each sentence's "
+                      "UTF-8 bytes; more get 400 naming the numbers; 0: no limit "
+                      "(default: %(default)s)")
+    work.add_argument("--chunk-work", type=_at_least(1), default=limits.DEFAULT_CHUNK_WORK,
+                      help="an unbatched request of more work runs in row chunks of at most "
+                      "this much, so a deadline or a client that goes away stops the chunks "
+                      "not yet started (default: %(default)s)")
     work.add_argument("--max-request-bytes", type=_at_least(1), default=1 << 20,
                       help="largest request body; larger ones get 413 (default: %(default)s)")
     work.add_argument("--max-enqueued-requests", type=_at_least(1),
@@ -133,8 +143,19 @@ def build_parser():
                       "get 503 (default: %(default)s)")
     work.add_argument("--max-concurrent-requests", type=_at_least(1),
                       default=limits.DEFAULT_MAX_CONCURRENT_REQUESTS,
-                      help="requests in flight, REST and gRPC each; more get 503; open "
-                      "connections are limited to twice this (default: %(default)s)")
+                      help="requests in flight, REST and gRPC each; more get 503 "
+                      "(default: %(default)s)")
+    work.add_argument("--max-connections", type=_at_least(1),
+                      default=limits.DEFAULT_MAX_CONNECTIONS,
+                      help="open REST connections; one more closes the longest idle one, "
+                      "or gets 503 when all are busy (default: %(default)s)")
+    work.add_argument("--max-header-bytes", type=_at_least(64),
+                      default=limits.DEFAULT_MAX_HEADER_BYTES,
+                      help="longest request line and headers; longer get 431 and the "
+                      "connection closes (default: %(default)s)")
+    work.add_argument("--max-url-bytes", type=_at_least(16), default=limits.DEFAULT_MAX_URL_BYTES,
+                      help="longest request line; longer get 414 and the connection closes "
+                      "(default: %(default)s)")
     work.add_argument("--request-header-timeout-seconds", type=_at_least(0.001, float),
                       default=limits.DEFAULT_HEADER_TIMEOUT_SECONDS,
                       help="a connection whose request headers take longer is closed "
@@ -237,6 +258,8 @@ def serve(argv=None):
         app = ServingApp(models, batcher=batcher, max_request_bytes=args.max_request_bytes,
                          max_request_sentences=args.max_request_sentences,
                          max_beam_size=args.max_beam_size,
+                         max_request_work=args.max_request_work,
+                         chunk_work=args.chunk_work,
                          max_enqueued_requests=args.max_enqueued_requests,
                          max_concurrent_requests=args.max_concurrent_requests,
                          body_timeout=args.request_body_timeout_seconds,
@@ -265,7 +288,8 @@ def serve(argv=None):
                       f"{url_of(sock)}", flush=True)
 
         run_server(app.app, sock, ready, header_timeout=args.request_header_timeout_seconds,
-                   max_connections=2 * args.max_concurrent_requests, on_start=on_start)
+                   max_connections=args.max_connections, on_start=on_start,
+                   max_header_bytes=args.max_header_bytes, max_url_bytes=args.max_url_bytes)
     finally:
         if watcher is not None:
             watcher.stop()

@@ -31,6 +31,7 @@ queues, batching and metrics through `ServingApp.run_predict`.
 """
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
 import mimetypes
@@ -47,7 +48,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
-from keras_transformer.serving import limits, rest_api
+from keras_transformer.serving import limits, rest_api, work
 from keras_transformer.serving.batching import (
     QUEUE_FULL_MESSAGE,
     QueueFull,
@@ -109,6 +110,12 @@ class ServingApp:
             hold (400 beyond), batching or not.
         max_beam_size: the largest `beam_size` a request may ask for (400
             beyond); the model's own limit, half its vocabulary, still holds.
+        max_request_work: the most work (`work`: sentences x beam x
+            (source pieces + target limit)) one request may ask for (400
+            beyond, naming the numbers); bounds its memory and time.
+        chunk_work: an unbatched request of more work runs in row chunks of
+            at most this much, one after another, so a deadline or a client
+            that goes away stops the chunks not yet started.
         max_enqueued_requests: the most unbatched predict requests waiting
             for or running on the model at once (503 beyond).
         max_concurrent_requests: the most HTTP requests in flight at once,
@@ -129,6 +136,8 @@ class ServingApp:
                  playground_dir=PLAYGROUND_DIR, executor=None,
                  max_request_sentences=limits.DEFAULT_MAX_REQUEST_SENTENCES,
                  max_beam_size=limits.DEFAULT_MAX_BEAM_SIZE,
+                 max_request_work=limits.DEFAULT_MAX_REQUEST_WORK,
+                 chunk_work=limits.DEFAULT_CHUNK_WORK,
                  max_enqueued_requests=limits.DEFAULT_MAX_ENQUEUED_REQUESTS,
                  max_concurrent_requests=limits.DEFAULT_MAX_CONCURRENT_REQUESTS,
                  body_timeout=limits.DEFAULT_BODY_TIMEOUT_SECONDS,
@@ -141,6 +150,8 @@ class ServingApp:
         self.max_request_bytes = max_request_bytes
         self.max_request_sentences = max_request_sentences
         self.max_beam_size = max_beam_size
+        self.max_request_work = max_request_work
+        self.chunk_work = chunk_work
         self.max_enqueued_requests = max_enqueued_requests
         self.max_concurrent_requests = max_concurrent_requests
         self.body_timeout = body_timeout
@@ -233,7 +244,7 @@ class ServingApp:
         try:
             return await self._models(request)
         except ClientDisconnect:
-            LOGGER.info("The client of %s %s went away before its request arrived",
+            LOGGER.info("The client of %s %s went away before its answer",
                         request.method, request.url.path)
             return Response(status_code=499)
         except Exception as error:  # a 500 with the traceback logged, never a hang
@@ -335,9 +346,11 @@ class ServingApp:
         try:
             servable = self.servable(name, version, label)
             body = await self._read_body(request)
-            parsed = await self._off_loop(len(body), _parse, body, servable.specs)
-            outputs = await self.run_predict(servable, name, parsed.signature_name,
-                                             parsed.inputs, start)
+            parsed = await self._off_loop(len(body), _parse, body, servable.specs,
+                                          self.max_request_sentences)
+            outputs = await _unless_disconnected(
+                request, self.run_predict(servable, name, parsed.signature_name,
+                                          parsed.inputs, start))
             rows = max((np.size(v) for v in outputs.values()), default=0)
             answer = await self._off_loop(rows * 64, _answer, outputs, parsed.row_format)
             status = 200
@@ -378,7 +391,7 @@ class ServingApp:
         refusal (400, 503, 504).
         """
         start = time.monotonic() if start is None else start
-        self._check_work(inputs)
+        model = self._check_work(servable, inputs)
         spec = servable.specs[signature_name]
 
         def run(merged):
@@ -389,7 +402,9 @@ class ServingApp:
                 key = (servable.version, id(servable), signature_name, batch_key(inputs))
                 call = self.batcher.submit(key, inputs, run)
             else:
-                call = self._unbatched(run, inputs)
+                chunks = (model.chunks(inputs, self.chunk_work) if work.chunkable(spec)
+                          else [None])
+                call = self._unbatched(run, inputs, chunks)
             if self.rest_api_timeout is None:
                 return await call
             left = self.rest_api_timeout - (time.monotonic() - start)
@@ -409,35 +424,64 @@ class ServingApp:
         except TaskTooLarge as e:
             raise RestError(str(e), 400) from None
 
-    async def _unbatched(self, run, inputs):
+    async def _unbatched(self, run, inputs, chunks=(None,)):
         """`run(inputs)` on the executor, refusing (`QueueFull`) beyond
-        `max_enqueued_requests` waiting or running."""
+        `max_enqueued_requests` waiting or running. `chunks`: row slices
+        `(start, stop)` run one after another and joined (None: the whole
+        request); cancelling the call (a deadline, a departed client) runs
+        no further chunk."""
         if self._enqueued >= self.max_enqueued_requests:
             raise QueueFull(f"{QUEUE_FULL_MESSAGE} ({self.max_enqueued_requests} requests "
                             "wait or run, --max-enqueued-requests)")
         self._enqueued += 1
-        future = asyncio.get_running_loop().run_in_executor(self.executor, run, inputs)
-        future.add_done_callback(self._dequeued)
-        # The count drops when the model call ends, even if the client left.
-        return await asyncio.shield(future)
+        loop = asyncio.get_running_loop()
+        future = None
+        try:
+            parts = []
+            for chunk in chunks:
+                part = inputs if chunk is None else work.split_rows(inputs, *chunk)
+                future = loop.run_in_executor(self.executor, run, part)
+                parts.append(await asyncio.shield(future))
+            future = None
+            return work.join_rows(parts)
+        finally:
+            # The count drops when the running model call ends, even if the
+            # client left.
+            if future is not None and not future.done():
+                future.add_done_callback(self._dequeued)
+            else:
+                self._enqueued -= 1
 
     def _dequeued(self, _):
         self._enqueued -= 1
 
-    def _check_work(self, inputs):
-        """Refuses (400) a request over `max_request_sentences` rows or
-        `max_beam_size`."""
+    def _check_work(self, servable, inputs):
+        """Refuses (400) a request over `max_request_sentences` rows,
+        `max_beam_size` or `max_request_work`, naming the numbers.
+
+        Returns: the servable's `work.WorkModel`."""
         rows = max((len(value) for value in inputs.values() if np.ndim(value) >= 1),
                    default=0)
-        if rows > self.max_request_sentences:
-            raise RestError(f"The request holds {rows} sentences, more than "
-                            f"--max-request-sentences ({self.max_request_sentences}); send "
-                            "them in several requests.")
+        rest_api.check_rows(rows, self.max_request_sentences)
         beam_size = inputs.get("beam_size")
         if beam_size is not None and np.ndim(beam_size) == 0 \
                 and int(beam_size) > self.max_beam_size:
             raise RestError(f"beam_size {int(beam_size)} is larger than --max-beam-size "
                             f"({self.max_beam_size}).")
+        model = getattr(servable, "work_model", None)
+        if model is None:
+            model = servable.work_model = work.WorkModel(servable.metadata)
+        total, pieces, hypotheses, extra = model.measure(inputs)
+        if self.max_request_work and total > self.max_request_work:
+            longest = int(pieces.max()) if len(pieces) else 0
+            raise RestError(
+                f"The request asks for {total} units of work, more than --max-request-work "
+                f"({self.max_request_work}): {len(pieces)} sentences x {hypotheses} "
+                f"hypotheses x ({longest} source pieces, bounded by the longest sentence's "
+                f"bytes, + {model.cost(1, longest, 1, extra) - longest} target positions "
+                f"with extra_length {extra}). Send fewer sentences, shorter ones or a "
+                "smaller beam_size.")
+        return model
 
     async def _read_body(self, request):
         """The body, refusing (413) one over `max_request_bytes` before
@@ -491,8 +535,28 @@ class _ConcurrencyLimit:
             owner._in_flight -= 1
 
 
-def _parse(body, specs):
-    return rest_api.parse_predict_request(rest_api.decode_body(body), specs)
+async def _unless_disconnected(request, coroutine):
+    """Awaits `coroutine`, cancelling it (and raising `ClientDisconnect`)
+    if the client closes its connection first: a request's body has been
+    read, so the next ASGI message is the disconnect."""
+    task = asyncio.ensure_future(coroutine)
+    watch = asyncio.ensure_future(request.receive())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and watch.result()["type"] == "http.disconnect":
+            task.cancel()
+            LOGGER.info("The client of %s %s went away; its remaining work is cancelled",
+                        request.method, request.url.path)
+            raise ClientDisconnect()
+        return await task
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+
+
+def _parse(body, specs, max_rows):
+    return rest_api.parse_predict_request(rest_api.decode_body(body), specs, max_rows)
 
 
 def _answer(outputs, row_format):
@@ -528,13 +592,36 @@ def url_of(sock):
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def header_deadline_protocol(header_timeout, parser="auto"):
-    """uvicorn's HTTP protocol, closing a connection whose request line and
-    headers have not all arrived `header_timeout` seconds after it opened
-    or after its previous response (a slow client holds no connection for
-    longer), and sending without Nagle's delay. `parser`: "httptools"
-    (uvicorn's C parser), "h11" (pure Python), or "auto" (httptools where
-    it is installed)."""
+def _raw_error(status, reason, message):
+    """A complete HTTP/1.1 error response with TF Serving's JSON body, for
+    answers written before the application runs (the connection then
+    closes)."""
+    body = rest_api.dumps({"error": message})
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+
+
+def guarded_protocol(header_timeout, parser="auto", max_connections=None,
+                     max_header_bytes=limits.DEFAULT_MAX_HEADER_BYTES,
+                     max_url_bytes=limits.DEFAULT_MAX_URL_BYTES):
+    """uvicorn's HTTP protocol with kt-serve's connection limits, the same
+    whichever parser runs:
+
+    - a connection whose request line and headers have not all arrived
+      `header_timeout` seconds after it opened or after its previous
+      response is closed (a slow client holds no connection for longer);
+    - a request line over `max_url_bytes` gets 414 and a request head over
+      `max_header_bytes` gets 431, as soon as that many bytes arrived, and
+      the connection closes;
+    - beyond `max_connections` open connections (None: no limit), a new one
+      closes the one that has been idle longest (no request running on it);
+      if every connection is busy the new one gets a JSON 503 and closes.
+      So idle or slow sockets cannot lock well-behaved clients out;
+    - responses go out without Nagle's delay.
+
+    `parser`: "httptools" (uvicorn's C parser), "h11" (pure Python), or
+    "auto" (httptools where it is installed).
+    """
     Protocol = None
     if parser in ("auto", "httptools"):
         try:
@@ -545,7 +632,12 @@ def header_deadline_protocol(header_timeout, parser="auto"):
     if Protocol is None:
         from uvicorn.protocols.http.h11_impl import H11Protocol as Protocol
 
-    class HeaderDeadlineProtocol(Protocol):
+    # Open connections, oldest first: those that have not completed a
+    # request yet (idle or slow sockets, closed first), then the others by
+    # their last answer.
+    fresh, served = collections.OrderedDict(), collections.OrderedDict()
+
+    class GuardedProtocol(Protocol):
         def connection_made(self, transport):
             super().connection_made(transport)
             # A response goes out in several writes (head, body): without
@@ -553,17 +645,86 @@ def header_deadline_protocol(header_timeout, parser="auto"):
             sock = transport.get_extra_info("socket")
             if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._new_head()
+            if max_connections is not None and len(fresh) + len(served) >= max_connections:
+                if not self._close_longest_idle():
+                    self._refuse(503, "Service Unavailable",
+                                 f"Too many connections ({max_connections}, "
+                                 "--max-connections), all busy; try again later.")
+                    return
+            fresh[self] = None
             self._arm_header_deadline()
+
+        def data_received(self, data):
+            if self._head is not None and not self._check_head(data):
+                return
+            super().data_received(data)
 
         def on_response_complete(self):
             super().on_response_complete()
+            fresh.pop(self, None)
+            served.pop(self, None)
+            served[self] = None
+            self._new_head()
             self._arm_header_deadline()
 
         def connection_lost(self, exc):
+            fresh.pop(self, None)
+            served.pop(self, None)
             timer = getattr(self, "_header_timer", None)
             if timer is not None:
                 timer.cancel()
             super().connection_lost(exc)
+
+        def _busy(self):
+            return self.cycle is not None and not self.cycle.response_complete
+
+        def _close_longest_idle(self):
+            for group in (fresh, served):
+                for connection in group:
+                    if not connection._busy():
+                        del group[connection]
+                        connection.connections.discard(connection)
+                        connection.transport.close()
+                        return True
+            return False
+
+        def _new_head(self):
+            # Bytes of the next request line and headers seen so far; the
+            # last three bytes carry a CRLFCRLF split between two reads.
+            self._head = bytearray()
+
+        def _check_head(self, data):
+            """Counts `data` into the request head; answers 414 or 431 and
+            returns False when a limit is passed."""
+            seen = len(self._head)
+            window = bytes(self._head[-3:]) + data
+            end = window.find(b"\r\n\r\n")
+            self._head += data if end < 0 else data[:max(0, end + 4 - min(seen, 3))]
+            line_end = self._head.find(b"\r\n")
+            line = len(self._head) if line_end < 0 else line_end
+            if line > max_url_bytes:
+                self._refuse(414, "URI Too Long",
+                             f"The request line is longer than {max_url_bytes} bytes "
+                             "(--max-url-bytes).")
+                return False
+            if len(self._head) > max_header_bytes:
+                self._refuse(431, "Request Header Fields Too Large",
+                             f"The request line and headers are longer than "
+                             f"{max_header_bytes} bytes (--max-header-bytes).")
+                return False
+            if end >= 0:
+                self._head = None  # complete: the body is not counted
+            return True
+
+        def _refuse(self, status, reason, message):
+            LOGGER.info("Refused a connection with %d: %s", status, message)
+            self._head = None
+            fresh.pop(self, None)
+            served.pop(self, None)
+            self.connections.discard(self)
+            self.transport.write(_raw_error(status, reason, message))
+            self.transport.close()
 
         def _arm_header_deadline(self):
             timer = getattr(self, "_header_timer", None)
@@ -579,25 +740,27 @@ def header_deadline_protocol(header_timeout, parser="auto"):
                             "%g s", header_timeout)
                 self.transport.close()
 
-    return HeaderDeadlineProtocol
+    return GuardedProtocol
 
 
 def run_server(app, sock, ready=None, header_timeout=limits.DEFAULT_HEADER_TIMEOUT_SECONDS,
-               max_connections=None, on_start=None, parser="auto"):
+               max_connections=None, on_start=None, parser="auto",
+               max_header_bytes=limits.DEFAULT_MAX_HEADER_BYTES,
+               max_url_bytes=limits.DEFAULT_MAX_URL_BYTES):
     """Serves `app` on `sock` with uvicorn until SIGINT or SIGTERM; calls
     `on_start(loop)` once it accepts connections (it may return a
-    callable, called at shutdown), then `ready()`. A connection whose
-    headers take longer than `header_timeout` seconds is closed; beyond
-    `max_connections` open connections (None: no limit) uvicorn answers
-    503. `parser`: as `header_deadline_protocol`'s. Logs go to stderr; no
-    access log."""
+    callable, called at shutdown), then `ready()`. The connection limits
+    (`header_timeout`, `max_connections`, `max_header_bytes`,
+    `max_url_bytes`) and `parser` are `guarded_protocol`'s. Logs go to
+    stderr; no access log."""
     import uvicorn
 
     configure_logging()
     config = uvicorn.Config(app, log_config=None, access_log=False,
                             lifespan="off", timeout_graceful_shutdown=5,
-                            http=header_deadline_protocol(header_timeout, parser),
-                            limit_concurrency=max_connections)
+                            http=guarded_protocol(header_timeout, parser, max_connections,
+                                                  max_header_bytes, max_url_bytes),
+                            h11_max_incomplete_event_size=max_header_bytes + 1)
     server = uvicorn.Server(config)
 
     async def main():

@@ -111,6 +111,8 @@ class CTranslate2Servable:
         self.metadata = {"beam_size": self.translator.beam_size,
                          "alpha": self.translator.alpha,
                          "extra_length": self.translator.extra_length,
+                         "max_source_tokens": self.translator.max_source_tokens,
+                         "max_length": self.translator.config.max_length,
                          "engine": self.engine,
                          "compute_type": self.translator.compute_type,
                          "vocabulary_map": self.translator.use_vmap}

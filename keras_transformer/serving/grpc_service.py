@@ -17,7 +17,7 @@ import logging
 import os
 import time
 
-from keras_transformer.serving.rest_api import DEFAULT_SIGNATURE, RestError
+from keras_transformer.serving.rest_api import DEFAULT_SIGNATURE, RestError, tf_type_name
 
 LOGGER = logging.getLogger("kt-serve")
 _STATES = ("UNKNOWN", "START", "LOADING", "AVAILABLE", "UNLOADING", "END")
@@ -97,6 +97,73 @@ def _signature_defs_of(specs):
     return definitions
 
 
+# The TensorProto field that carries each dtype's values when
+# `tensor_content` is empty.
+_VALUE_FIELDS = {"string": "string_val", "float32": "float_val", "float64": "double_val",
+                 "float16": "half_val", "bfloat16": "half_val", "int8": "int_val",
+                 "int16": "int_val", "int32": "int_val", "uint8": "int_val",
+                 "uint16": "int_val", "int64": "int64_val", "uint32": "uint32_val",
+                 "uint64": "uint64_val", "bool": "bool_val"}
+
+
+def tensor_from_proto(tf, proto, spec, where, max_rows):
+    """The `np.ndarray` of a request's `TensorProto`, checked against its
+    `rest_api.TensorSpec` from what the proto declares before any value is
+    materialised, so a few bytes on the wire cannot declare a huge tensor.
+
+    Checks, in order: a dtype is set and is the spec's; the shape has the
+    spec's rank, no negative or unknown dimension, the spec's fixed sizes,
+    and at most `max_rows` along each dimension the spec leaves open; the
+    values carried match the element count (`tensor_content` of exactly
+    count x itemsize bytes, or count values, or one value that fills the
+    shape, as `tf.make_ndarray` reads it).
+
+    Raises: `RestError` (400, INVALID_ARGUMENT) naming `where` and what is
+    wrong.
+    """
+    if proto.dtype == 0:
+        raise RestError(f"{where} has no dtype (DT_INVALID); it must be "
+                        f"{tf_type_name(spec.dtype)}.")
+    try:
+        got = tf.dtypes.as_dtype(proto.dtype).name
+    except (TypeError, ValueError):
+        raise RestError(f"{where} has an unknown dtype enum value {proto.dtype}.") from None
+    if got != spec.dtype:
+        raise RestError(f"{where} must be {spec.dtype}, received {got}.")
+    if proto.tensor_shape.unknown_rank:
+        raise RestError(f"{where} must have shape {_shape_list(spec.shape)}, received an "
+                        "unknown rank.")
+    dims = [d.size for d in proto.tensor_shape.dim]
+    if len(dims) != len(spec.shape) or any(
+            size < 0 or (want is not None and size != want) or (want is None and size > max_rows)
+            for size, want in zip(dims, spec.shape)):
+        raise RestError(f"{where} must have shape {_shape_list(spec.shape)} with at most "
+                        f"{max_rows} along an open dimension (--max-request-sentences), "
+                        f"received {dims}.")
+    count = 1
+    for size in dims:
+        count *= size
+    if proto.tensor_content and spec.dtype != "string":
+        itemsize = tf.dtypes.as_dtype(proto.dtype).size
+        if len(proto.tensor_content) != count * itemsize:
+            raise RestError(f"{where} declares shape {dims} ({count} values of {itemsize} "
+                            f"bytes) but carries {len(proto.tensor_content)} bytes of "
+                            "tensor_content.")
+    else:
+        carried = len(getattr(proto, _VALUE_FIELDS.get(spec.dtype, "string_val")))
+        if carried != count and not (carried == 1 and count > 1):
+            raise RestError(f"{where} declares shape {dims} ({count} values) but carries "
+                            f"{carried} values.")
+    try:
+        return tf.make_ndarray(proto)
+    except Exception as e:  # a malformed TensorProto is the client's fault
+        raise RestError(f"{where} is not a valid TensorProto: {e}") from None
+
+
+def _shape_list(shape):
+    return [-1 if size is None else size for size in shape]
+
+
 class GrpcServices:
     """The servicers' logic over a `ServingApp` whose coroutines run on
     `loop`."""
@@ -146,22 +213,10 @@ class GrpcServices:
             missing, extra = sorted(expected - given), sorted(given - expected)
             raise RestError(f"Signature '{signature}' takes inputs {sorted(expected)}; the "
                             f"request is missing {missing} and has extra {extra}.")
-        inputs = {}
-        for key, proto in request.inputs.items():
-            want = spec.inputs[key]
-            got = tf.dtypes.as_dtype(proto.dtype).name
-            if got != want.dtype:
-                raise RestError(f"Input '{key}' of signature '{signature}' must be "
-                                f"{want.dtype}, received {got}.")
-            try:
-                value = tf.make_ndarray(proto)
-            except Exception as e:  # a malformed TensorProto is the client's fault
-                raise RestError(f"Input '{key}' is not a valid TensorProto: {e}") from None
-            if value.ndim != len(want.shape) or any(
-                    d is not None and d != n for d, n in zip(want.shape, value.shape)):
-                raise RestError(f"Input '{key}' of signature '{signature}' must have shape "
-                                f"{list(want.shape)}, received {list(value.shape)}.")
-            inputs[key] = value
+        inputs = {key: tensor_from_proto(tf, proto, spec.inputs[key],
+                                         f"Input '{key}' of signature '{signature}'",
+                                         self.app.max_request_sentences)
+                  for key, proto in request.inputs.items()}
         outputs = await self.app.run_predict(servable, name, signature, inputs, start)
         response = self.predict_pb2.PredictResponse()
         response.model_spec.name = name

@@ -60,6 +60,11 @@ _TF_NAMES = {"string": "DT_STRING", "bool": "DT_BOOL", "float16": "DT_HALF",
              **{name: "DT_" + name.upper() for name in _INTEGER_RANGES}}
 
 
+def tf_type_name(dtype):
+    """TF Serving's DataType name ("DT_STRING") of a `TensorSpec` dtype."""
+    return _TF_NAMES.get(dtype, dtype)
+
+
 class RestError(Exception):
     """A request the server refuses: `status` (an HTTP status code) and
     `message` (the `error` of the JSON body)."""
@@ -103,17 +108,21 @@ def decode_body(body):
     return document
 
 
-def parse_predict_request(document, signatures):
+def parse_predict_request(document, signatures, max_rows=None):
     """The `PredictRequest` a decoded JSON body asks for.
 
     Args:
         document: the body's JSON object (`decode_body`).
         signatures: `{signature name: SignatureSpec}` of the servable.
+        max_rows: the most rows (sentences) a request may hold, checked
+            from the JSON lists' lengths before any array is built (None:
+            no limit).
 
     Raises: `RestError` (400) naming what is wrong and where: an unknown
     signature, both or neither of "instances" and "inputs", missing or
     extra input names, a value of the wrong JSON type, shape or range,
-    instances of different shapes, a scalar input in the row format.
+    instances of different shapes, a scalar input in the row format, more
+    than `max_rows` rows.
     """
     name = document.get("signature_name", DEFAULT_SIGNATURE)
     if not isinstance(name, str):
@@ -133,9 +142,9 @@ def parse_predict_request(document, signatures):
                         "{\"instances\": [...]} (row format) or {\"inputs\": {...}} "
                         "(columnar format).")
     if has_instances:
-        inputs = _row_inputs(document["instances"], specs, name)
+        inputs = _row_inputs(document["instances"], specs, name, max_rows)
     else:
-        inputs = _columnar_inputs(document["inputs"], specs, name)
+        inputs = _columnar_inputs(document["inputs"], specs, name, max_rows)
     return PredictRequest(name, has_instances, inputs)
 
 
@@ -151,9 +160,20 @@ def _check_names(given, specs, signature, where):
                 f"sent extra: {', '.join(extra)}" if extra else "") if part) + ".")
 
 
-def _columnar_inputs(value, specs, signature):
+def check_rows(rows, max_rows):
+    """Refuses (400) `rows` sentences over `max_rows` (None: no limit)."""
+    if max_rows is not None and rows > max_rows:
+        raise RestError(f"The request holds {rows} sentences, more than "
+                        f"--max-request-sentences ({max_rows}); send them in several "
+                        "requests.")
+
+
+def _columnar_inputs(value, specs, signature, max_rows):
     if isinstance(value, dict) and not _is_b64(value):
         _check_names(value, specs, signature, "'inputs'")
+        for name, spec in specs.items():
+            if spec.shape and isinstance(value[name], list):
+                check_rows(len(value[name]), max_rows)
         return {name: to_array(value[name], specs[name], f"input '{name}'")
                 for name in specs}
     if len(specs) != 1:
@@ -161,10 +181,12 @@ def _columnar_inputs(value, specs, signature):
             f"'inputs' must be an object naming the inputs of signature '{signature}' "
             f"({', '.join(sorted(specs))}), received {_json_type(value)} {_snippet(value)}.")
     (name, spec), = specs.items()
+    if spec.shape and isinstance(value, list):
+        check_rows(len(value), max_rows)
     return {name: to_array(value, spec, f"input '{name}'")}
 
 
-def _row_inputs(instances, specs, signature):
+def _row_inputs(instances, specs, signature, max_rows):
     scalars = sorted(name for name, spec in specs.items() if len(spec.shape) == 0)
     if scalars:
         raise RestError(
@@ -175,6 +197,7 @@ def _row_inputs(instances, specs, signature):
     if not isinstance(instances, list):
         raise RestError(f"'instances' must be a list (one item per batch row), received "
                         f"{_json_type(instances)} {_snippet(instances)}.")
+    check_rows(len(instances), max_rows)
     rows = {name: [] for name in specs}
     for i, instance in enumerate(instances):
         if isinstance(instance, dict) and not _is_b64(instance):
@@ -267,7 +290,7 @@ def _converter(dtype, where):
     raises `RestError` for the wrong JSON type or an out-of-range value."""
     def wrong(v):
         raise RestError(f"{where}: JSON value {_snippet(v)} ({_json_type(v)}) is not of the "
-                        f"expected type {dtype} ({_TF_NAMES.get(dtype, dtype)}).")
+                        f"expected type {dtype} ({tf_type_name(dtype)}).")
 
     if dtype == "string":
         def convert(v):
@@ -410,7 +433,7 @@ def model_metadata(name, version, signatures):
     name, as TF Serving nests them (`metadata.signature_def.signature_def`).
     """
     def tensor(tensor_name, spec):
-        return {"dtype": _TF_NAMES.get(spec.dtype, spec.dtype),
+        return {"dtype": tf_type_name(spec.dtype),
                 "tensor_shape": {"dim": [{"size": str(-1 if d is None else d), "name": ""}
                                          for d in spec.shape],
                                  "unknown_rank": False},

@@ -1,0 +1,130 @@
+"""The work a predict request asks of a translation model, bounded before it
+runs, and its split into chunks that a deadline or a departed client can
+stop between.
+
+A search keeps, for every hypothesis (sentence x beam), the decoder's
+keys and values over the source and the target so far, for the longest
+sentence of the batch (the batch is padded to it). Its memory therefore
+grows with
+
+    work = sentences x beam x (source pieces + target limit)
+
+with `source pieces` the longest sentence's, at most the export's
+`max_source_tokens`, and `target limit = min(source pieces + 1 +
+extra_length, max_length)`, the package's decoding limit. Before the model
+runs the pieces are not known, so a sentence of `b` UTF-8 bytes counts as
+`min(b + 1, max_source_tokens)` pieces: a SentencePiece piece covers at
+least one byte, and eos is one more. A `source_ids` input counts its
+length. Sampling signatures search one hypothesis per sentence; n-best
+searches `beam_size`.
+
+The memory one unit of work costs on an export is measured by
+`python -m benchmarks serve-work` (docs/performance.md).
+"""
+
+import numpy as np
+
+TEXT_INPUT = "text"
+IDS_INPUT = "source_ids"
+
+
+class WorkModel:
+    """What a servable's work depends on, from its metadata.
+
+    Args:
+        metadata: the servable's `metadata`: `beam_size` and
+            `extra_length` (its defaults), `max_source_tokens`, and
+            `max_length` or `config["max_length"]`.
+    """
+
+    def __init__(self, metadata):
+        config = metadata.get("config") or {}
+        self.max_length = int(metadata.get("max_length") or config.get("max_length") or 512)
+        self.max_source_tokens = int(metadata.get("max_source_tokens") or self.max_length - 1)
+        self.beam_size = int(metadata.get("beam_size") or 4)
+        self.extra_length = int(metadata.get("extra_length") or 50)
+
+    def source_pieces(self, inputs):
+        """`(rows,)` int64: each row's source length bound (see the module)."""
+        if IDS_INPUT in inputs:
+            ids = np.asarray(inputs[IDS_INPUT])
+            length = ids.shape[1] if ids.ndim == 2 else 0
+            return np.full(len(ids), min(length, self.max_source_tokens), np.int64)
+        text = inputs.get(TEXT_INPUT)
+        if text is None or np.ndim(text) != 1:
+            return np.zeros(0, np.int64)
+        sizes = np.fromiter((len(t) if isinstance(t, (bytes, str)) else 0 for t in text),
+                            np.int64, len(text))
+        return np.minimum(sizes + 1, self.max_source_tokens)
+
+    def hypotheses(self, inputs):
+        """Hypotheses searched per sentence: the request's `beam_size` (or
+        the export's), 1 for a sampling signature."""
+        if "temperature" in inputs and "beam_size" not in inputs:
+            return 1
+        beam = inputs.get("beam_size")
+        return max(1, int(beam)) if beam is not None and np.ndim(beam) == 0 else self.beam_size
+
+    def extra(self, inputs):
+        extra = inputs.get("extra_length")
+        if extra is not None and np.ndim(extra) == 0:
+            return min(max(0, int(extra)), self.max_length)
+        return self.extra_length
+
+    def cost(self, rows, longest, hypotheses, extra_length):
+        """The work of `rows` sentences padded to `longest` pieces."""
+        limit = max(1, min(longest + 1 + extra_length, self.max_length))
+        return rows * hypotheses * (longest + limit)
+
+    def measure(self, inputs):
+        """`(work, pieces, hypotheses, extra_length)` of a request's
+        inputs: its total work and what it was computed from."""
+        pieces = self.source_pieces(inputs)
+        hypotheses, extra = self.hypotheses(inputs), self.extra(inputs)
+        longest = int(pieces.max()) if len(pieces) else 0
+        return self.cost(len(pieces), longest, hypotheses, extra), pieces, hypotheses, extra
+
+    def chunks(self, inputs, chunk_work):
+        """Row slices `[(start, stop), ...]` covering a request in order,
+        each of work at most `chunk_work` (a single sentence may exceed it
+        alone). One slice when the whole request fits."""
+        work, pieces, hypotheses, extra = self.measure(inputs)
+        if work <= chunk_work or len(pieces) <= 1:
+            return [(0, len(pieces))]
+        slices, start, longest = [], 0, 0
+        for row, size in enumerate(pieces.tolist()):
+            wider = max(longest, size)
+            if row > start and self.cost(row + 1 - start, wider, hypotheses, extra) > chunk_work:
+                slices.append((start, row))
+                start, wider = row, size
+            longest = wider
+        slices.append((start, len(pieces)))
+        return slices
+
+
+def split_rows(inputs, start, stop, batched=(TEXT_INPUT, IDS_INPUT)):
+    """`inputs` with the batched inputs' rows `start:stop`; options (scalars)
+    unchanged."""
+    return {name: value[start:stop] if name in batched else value
+            for name, value in inputs.items()}
+
+
+def join_rows(parts):
+    """The outputs of consecutive row chunks as one: every output
+    concatenated along its first axis."""
+    if len(parts) == 1:
+        return parts[0]
+    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+
+
+def chunkable(spec):
+    """Whether a signature's requests can run in row chunks: a `text`
+    input of shape [batch], options that are scalars, and outputs whose
+    first axis is the batch and whose other axes have fixed sizes."""
+    text = spec.inputs.get(TEXT_INPUT)
+    if text is None or len(text.shape) != 1:
+        return False
+    if any(len(s.shape) for name, s in spec.inputs.items() if name != TEXT_INPUT):
+        return False
+    return all(len(s.shape) >= 1 and all(d is not None for d in s.shape[1:])
+               for s in spec.outputs.values())
