@@ -12,12 +12,10 @@ import time
 import numpy as np
 import pytest
 from starlette.requests import ClientDisconnect
-from test_serving_operations import SPECS, FakeServable, make_version
+from test_serving_operations import SPECS, FakeServable, _app
 
 from keras_transformer.serving import app as app_module
 from keras_transformer.serving import work
-from keras_transformer.serving.app import ServingApp
-from keras_transformer.serving.model_versions import VersionManager
 from keras_transformer.serving.rest_api import RestError, SignatureSpec, TensorSpec
 
 METADATA = {"beam_size": 4, "extra_length": 10, "max_source_tokens": 31,
@@ -74,17 +72,11 @@ def test_only_row_shaped_signatures_run_in_chunks():
                                             {"pieces": TensorSpec("string", (None, None))}))
 
 
-class BudgetServable(FakeServable):
-    def __init__(self, path, version):
-        super().__init__(path, version)
-        self.metadata = dict(METADATA)
-
-
 def _serving(tmp_path, **limits):
-    make_version(tmp_path / "m", 1)
-    manager = VersionManager(str(tmp_path / "m"), poll_wait_seconds=0, load=BudgetServable)
-    manager.start()
-    return ServingApp("m", manager, **limits)
+    """The fake model's app, its servable carrying an export's metadata."""
+    serving = _app(tmp_path, **limits)
+    serving.servable("m").metadata = dict(METADATA)
+    return serving
 
 
 def test_a_request_over_the_work_budget_is_refused_naming_the_numbers(tmp_path):
