@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 
 from keras_transformer.serving.app import ServingApp
-from keras_transformer.serving.metrics import REQUEST_COUNT, Metrics
+from keras_transformer.serving.metrics import (
+    METRICS,
+    REQUEST_COUNT,
+    UNKNOWN_MODEL,
+    Metrics,
+    prometheus_name,
+)
 from keras_transformer.serving.model_versions import VersionManager, VersionPolicy
 from keras_transformer.serving.models import (
     ModelConfigWatcher,
@@ -261,6 +267,16 @@ def _app(tmp_path, **limits):
     return ServingApp("m", manager, **limits)
 
 
+def _series(text):
+    """`{(sample name, sorted labels): value}` of an exposition, read by
+    prometheus_client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples}
+
+
 def test_metrics_use_tf_serving_s_names_in_prometheus_format(tmp_path):
     import httpx
 
@@ -279,27 +295,123 @@ def test_metrics_use_tf_serving_s_names_in_prometheus_format(tmp_path):
     assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
     text = metrics.text
     assert "# TYPE :tensorflow:serving:request_count counter" in text
+    assert "# TYPE :tensorflow:serving:request_latency histogram" in text
+    series = _series(text)
+    # The parser names a counter's samples `<name>_total`, OpenMetrics' way.
+    count = ":tensorflow:serving:request_count_total"
+    latency = ":tensorflow:serving:request_latency"
+    assert series[count, (("model_name", "m"), ("status", "OK"))] == 1
+    assert series[count, (("model_name", "m"), ("status", "INVALID_ARGUMENT"))] == 1
+    assert series[count, (("model_name", UNKNOWN_MODEL), ("status", "NOT_FOUND"))] == 1
+    rest = (("API", "predict"), ("entrypoint", "REST"), ("model_name", "m"))
+    assert series[latency + "_count", rest] == 2
+    assert series[latency + "_bucket", tuple(sorted(rest + (("le", "+Inf"),)))] == 2
+
+
+def test_the_exposition_holds_tf_serving_s_families():
+    metrics = Metrics()
+    metrics.observe_request("m", "OK", 1500.0, "REST")
+    metrics.observe_batch(3)
+    metrics.observe_queue_full("m")
+    metrics.observe_load("/models/m/1", 0.5, 0.25)
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {family.name: family
+                for family in text_string_to_metric_families(metrics.exposition())}
+    assert {name: family.type for name, family in families.items()} == \
+        {prometheus_name(name): kind for name, (kind, *_) in METRICS.items()}
+    for name, (_, labels, *_) in METRICS.items():
+        for sample in families[prometheus_name(name)].samples:
+            assert set(sample.labels) - {"le"} == set(labels), sample
+    # TF Serving's counters have no `_total` (the parser adds it to a
+    # counter's samples unless the exposition's TYPE line named it so).
+    text = metrics.exposition()
+    assert "_total" not in text and "_created" not in text
     assert ':tensorflow:serving:request_count{model_name="m",status="OK"} 1' in text
-    assert (':tensorflow:serving:request_count{model_name="m",status="INVALID_ARGUMENT"} 1'
-            in text)
-    assert (':tensorflow:serving:request_count{model_name="nope",status="NOT_FOUND"} 1'
-            in text)
-    assert ('request_latency_count{model_name="m",API="predict",entrypoint="REST"} 2'
-            in text)
-    assert ':tensorflow:serving:request_latency_bucket{model_name="m",API="predict",' \
-           'entrypoint="REST",le="+Inf"} 2' in text
 
 
 def test_histogram_buckets_are_cumulative():
     metrics = Metrics()
     for microseconds in (5.0, 15.0, 15.0, 1e12):
         metrics.observe_request("m", "OK", microseconds, "GRPC")
-    lines = metrics.exposition().splitlines()
-    buckets = [line for line in lines if "_bucket" in line]
-    counts = [int(line.rsplit(" ", 1)[1]) for line in buckets]
+    series = _series(metrics.exposition())
+    buckets = sorted((float(dict(labels)["le"]), value) for (name, labels), value
+                     in series.items() if name.endswith("request_latency_bucket"))
+    counts = [value for _, value in buckets]
     assert counts == sorted(counts) and counts[0] == 1 and counts[-1] == 4
-    assert buckets[0].endswith('le="10"} 1') and buckets[-2].split(" ")[1] == "3"
+    assert buckets[0][0] == 10 and buckets[-2][1] == 3
     assert metrics.value(REQUEST_COUNT, ("m", "OK")) == 4
+
+
+UNKNOWN_NAMES = 300
+
+
+def _unknown_name(i):
+    return f"{i:04d}-" + "x" * 1000
+
+
+def _bounded(first, after):
+    """Asserts that `after` (the exposition after `UNKNOWN_NAMES` requests
+    naming unknown models) has the series of `first` (after one) and none
+    of the names."""
+    assert set(_series(after)) == set(_series(first))
+    assert len(_series(after)) < 200 and len(after) < len(first) + 200
+    assert "x" * 100 not in after
+
+
+def test_unknown_model_names_leave_the_metrics_bounded(tmp_path):
+    import httpx
+
+    serving = _app(tmp_path)
+
+    async def ask():
+        transport = httpx.ASGITransport(app=serving.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://kt") as c:
+            texts = []
+            for i in range(UNKNOWN_NAMES):
+                answer = await c.post(f"/v1/models/{_unknown_name(i)}:predict",
+                                      json={"instances": ["a"]})
+                assert answer.status_code == 404
+                if i in (0, UNKNOWN_NAMES - 1):
+                    texts.append((await c.get("/monitoring/prometheus/metrics")).text)
+            return texts
+
+    first, after = asyncio.run(ask())
+    _bounded(first, after)
+    assert serving.metrics.value(REQUEST_COUNT, (UNKNOWN_MODEL, "NOT_FOUND")) == UNKNOWN_NAMES
+
+
+def test_unknown_model_names_over_grpc_leave_the_metrics_bounded(tmp_path):
+    pytest.importorskip("tensorflow_serving")
+    import grpc
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    from keras_transformer.serving.grpc_service import start_grpc_server
+
+    serving = _app(tmp_path)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server, port = start_grpc_server(serving, loop, "127.0.0.1", 0)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            texts = []
+            for i in range(UNKNOWN_NAMES):
+                request = predict_pb2.PredictRequest()
+                request.model_spec.name = _unknown_name(i)
+                with pytest.raises(grpc.RpcError) as error:
+                    stub.Predict(request, timeout=30)
+                assert error.value.code() == grpc.StatusCode.NOT_FOUND
+                if i in (0, UNKNOWN_NAMES - 1):
+                    texts.append(serving.metrics.exposition())
+    finally:
+        server.stop(None)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+    _bounded(*texts)
+    assert 'entrypoint="GRPC"' in texts[-1]
+    assert serving.metrics.value(REQUEST_COUNT, (UNKNOWN_MODEL, "NOT_FOUND")) == UNKNOWN_NAMES
 
 
 # Back-pressure ------------------------------------------------------------------

@@ -19,6 +19,19 @@ from support.serving_model import export_tiny_model
 
 NAME = "tiny"
 EXAMPLES = ["the dog sees a cat near the house", "a red house", "   "]
+DATA = os.path.join(os.path.dirname(__file__), "support", "data")
+# The requests of the files `warmup_requests_{named,unnamed}.tfrecord` in
+# DATA, written by the package's earlier hand-made protobuf encoder with
+# model_name NAME and "": the warm-up files of exports stay the same bytes.
+FROZEN_REQUESTS = [
+    ("serving_default", {"text": np.array([b"a red house"], object)}),
+    ("translate_ids", {"source_ids": np.array([[5, 6, 7]], np.int32)}),
+    ("translate_sample", {"text": np.array(["ein Hund".encode(), "caf\u00e9".encode()], object),
+                          "temperature": np.array(0.5, np.float32),
+                          "top_k": np.array(3, np.int32),
+                          "seed": np.array(2**40, np.int64),
+                          "n": np.array(1, np.int32)}),
+]
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +78,6 @@ def assert_same_requests(got, expected):
 
 
 def test_tf_serving_reads_the_export_s_warmup_file(export, loaded):
-    pytest.importorskip("tensorflow_serving", reason="tensorflow-serving-api is absent")
     logs = proto_logs(os.path.join(export, warmup.WARMUP_PATH))
     assert [log.predict_log.request.model_spec.signature_name for log in logs] == list(
         warmup.WARMUP_SIGNATURES)
@@ -84,7 +96,6 @@ def test_tf_serving_reads_the_export_s_warmup_file(export, loaded):
 
 
 def test_the_reader_reads_what_tf_serving_s_protos_write(tmp_path):
-    pytest.importorskip("tensorflow_serving", reason="tensorflow-serving-api is absent")
     from google.protobuf import wrappers_pb2
     from tensorflow_serving.apis import (
         classification_pb2,
@@ -135,6 +146,18 @@ def test_the_reader_reads_what_tf_serving_s_protos_write(tmp_path):
     expected = [predict_log(name, inputs).SerializeToString(deterministic=True)
                 for name, inputs in requests]
     assert [record.numpy() for record in tf.data.TFRecordDataset(ours)] == expected
+
+
+@pytest.mark.parametrize("model_name, file", [(NAME, "warmup_requests_named.tfrecord"),
+                                              ("", "warmup_requests_unnamed.tfrecord")])
+def test_the_written_bytes_are_those_of_the_frozen_files(tmp_path, model_name, file):
+    with open(os.path.join(DATA, file), "rb") as f:
+        frozen = f.read()
+    path = warmup.write_warmup_file(str(tmp_path / warmup.WARMUP_FILE), FROZEN_REQUESTS,
+                                    model_name=model_name)
+    with open(path, "rb") as f:
+        assert f.read() == frozen
+    assert_same_requests(warmup.read_warmup_file(os.path.join(DATA, file)), FROZEN_REQUESTS)
 
 
 def test_every_record_of_the_export_replays_on_the_saved_model(export, loaded):
@@ -188,12 +211,17 @@ def test_a_malformed_file_is_refused_naming_the_file_and_record(tmp_path):
     with pytest.raises(ValueError, match=re.escape(path) + ": record 2 is not a PredictionLog"):
         warmup.read_warmup_file(path)
 
-    # A tensor that is not a TensorProto.
-    log = warmup._field(6, warmup._field(1, warmup._field(2, warmup._field(1, b"text")
-                                                           + warmup._field(2, b"\xff"))))
+    # A tensor that is not a valid TensorProto: 3 bytes of content for two floats.
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    log = prediction_log_pb2.PredictionLog()
+    tensor = log.predict_log.request.inputs["text"]
+    tensor.dtype = tf.float32.as_datatype_enum
+    tensor.tensor_shape.dim.add().size = 2
+    tensor.tensor_content = b"\0\0\0"
     path = str(tmp_path / "bad_tensor")
     with tf.io.TFRecordWriter(path) as writer:
-        writer.write(log)
+        writer.write(log.SerializeToString())
     with pytest.raises(ValueError, match=re.escape(path) + ": record 0 .*input 'text'"):
         warmup.read_warmup_file(path)
 

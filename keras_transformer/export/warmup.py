@@ -1,5 +1,5 @@
-"""TF Serving's warm-up file of an export, written and read without
-`tensorflow_serving`.
+"""TF Serving's warm-up file of an export, written and read with TF
+Serving's protos (`tensorflow-serving-api`).
 
 `<version>/assets.extra/tf_serving_warmup_requests` (`WARMUP_FILE`) is a
 TFRecord file of serialized `tensorflow.serving.PredictionLog` messages,
@@ -10,12 +10,11 @@ each a `predict_log.request`: a `PredictRequest` naming a signature
 and refuses a file of more than `MAX_RECORDS` records or one with a record
 that fails; kt-serve replays it too.
 
-The messages are encoded and decoded here by hand (protobuf's wire format:
-varints and length-delimited fields), since `tensorflow-serving-api` is not a
-dependency of the package; the field numbers are those of
-tensorflow_serving/apis/{prediction_log,predict,model}.proto (a test checks
-the bytes against the generated classes). The tensors are TensorFlow's own
-`TensorProto`s. The module imports TensorFlow only inside its functions.
+The records are `tensorflow_serving.apis.prediction_log_pb2` messages in
+protobuf's deterministic serialization (map entries by key), framed by
+TensorFlow's TFRecord writer and reader; the tensors are TensorFlow's own
+`TensorProto`s. The module imports TensorFlow and the protos only inside its
+functions.
 
 A warm-up request is `(signature_name, inputs)`: `signature_name` a str,
 `inputs` a dict of input name -> `np.ndarray` (strings: an object array of
@@ -61,19 +60,6 @@ WARMUP_SIGNATURES = (SERVING_DEFAULT, TRANSLATE_IDS)
 # (`engine.TranslationEngine.sample`); `n` is the smallest valid.
 _METADATA_OPTIONS = ("beam_size", "alpha", "extra_length")
 _FIXED_OPTIONS = {"n": 1, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": 0}
-
-# Field numbers of the messages written and read (tensorflow_serving/apis).
-_PREDICTION_LOG_PREDICT_LOG = 6
-_PREDICTION_LOG_TYPES = (2, 3, 4, 5, 6, 7)  # the `log_type` oneof's members
-_PREDICT_LOG_REQUEST = 1
-_REQUEST_MODEL_SPEC = 1
-_REQUEST_INPUTS = 2
-_MODEL_SPEC_NAME = 1
-_MODEL_SPEC_SIGNATURE_NAME = 3
-_MAP_KEY = 1
-_MAP_VALUE = 2
-
-_VARINT, _FIXED64, _LENGTH_DELIMITED, _START_GROUP, _END_GROUP, _FIXED32 = range(6)
 
 
 def warmup_requests(signatures, metadata=None, examples=None, tokenize=None,
@@ -181,7 +167,7 @@ def write_warmup_file(path, requests, model_name=""):
     """
     import tensorflow as tf
 
-    records = _encode_records(requests, model_name, tf.make_tensor_proto)
+    records = _encode_records(requests, model_name)
     path = os.fspath(path)
     with atomic_path(path) as tmp:
         with tf.io.TFRecordWriter(tmp) as writer:
@@ -235,8 +221,8 @@ def read_warmup_file(path):
     ```
     """
     import tensorflow as tf
-    from tensorflow.core.framework import tensor_pb2
 
+    prediction_log_pb2 = _prediction_log_pb2()
     path = os.fspath(path)
     if not tf.io.gfile.exists(path):
         raise FileNotFoundError(f"No warm-up file at {path}.")
@@ -257,12 +243,11 @@ def read_warmup_file(path):
             raise ValueError(f"{path}: more than {MAX_RECORDS} records; TF Serving "
                              "refuses such a warm-up file.")
         try:
-            request = _decode_record(record.numpy(), tensor_pb2.TensorProto.FromString,
-                                     tf.make_ndarray)
-        except Exception as e:  # protobuf's and numpy's errors alike
+            log = prediction_log_pb2.PredictionLog.FromString(record.numpy())
+        except Exception as e:  # protobuf's DecodeError, or another of its parsers'
             raise ValueError(f"{path}: record {index} is not a PredictionLog: {e}") from None
-        if request is not None:
-            requests.append(request)
+        if log.WhichOneof("log_type") == "predict_log":
+            requests.append(_request(log.predict_log.request, f"{path}: record {index}"))
         index += 1
     return requests
 
@@ -308,26 +293,26 @@ def _input_value(signature, name, spec, sentence, metadata, tokenize):
                      f"({spec}).")
 
 
-# The wire format -----------------------------------------------------------
+# The protos ----------------------------------------------------------------
 
-def _varint(value):
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        if not value:
-            out.append(low)
-            return bytes(out)
-        out.append(low | 0x80)
-
-
-def _field(number, payload):
-    """A length-delimited field (a string, bytes or a message)."""
-    return _varint(number << 3 | _LENGTH_DELIMITED) + _varint(len(payload)) + payload
+def _prediction_log_pb2():
+    """`tensorflow_serving.apis.prediction_log_pb2`, or an ImportError
+    naming the package that has it."""
+    try:
+        from tensorflow_serving.apis import prediction_log_pb2
+    except ImportError:
+        raise ImportError("TF Serving's warm-up file needs TF Serving's protos: pip install "
+                          "tensorflow-serving-api (a dependency of "
+                          "attention-transformer-keras)") from None
+    return prediction_log_pb2
 
 
-def _encode_records(requests, model_name, make_tensor_proto):
-    """The serialized `PredictionLog` of each request (fields in number
-    order, map entries by key, as protobuf's deterministic serialization)."""
+def _encode_records(requests, model_name):
+    """The serialized `PredictionLog` of each request, deterministic (map
+    entries by key), so an export's file is the same bytes each time."""
+    import tensorflow as tf
+
+    prediction_log_pb2 = _prediction_log_pb2()
     requests = list(requests)
     if len(requests) > MAX_RECORDS:
         raise ValueError(f"{len(requests)} warm-up requests: TF Serving reads at most "
@@ -337,149 +322,29 @@ def _encode_records(requests, model_name, make_tensor_proto):
         if not isinstance(signature_name, str) or not signature_name:
             raise ValueError(f"A signature name must be a non-empty str, received "
                              f"{signature_name!r}.")
-        spec = b""
-        if model_name:
-            spec += _field(_MODEL_SPEC_NAME, model_name.encode("utf-8"))
-        spec += _field(_MODEL_SPEC_SIGNATURE_NAME, signature_name.encode("utf-8"))
-        request = _field(_REQUEST_MODEL_SPEC, spec)
-        for name in sorted(inputs):
+        log = prediction_log_pb2.PredictionLog()
+        request = log.predict_log.request
+        request.model_spec.name = model_name
+        request.model_spec.signature_name = signature_name
+        for name, value in inputs.items():
             if not isinstance(name, str) or not name:
                 raise ValueError(f"An input name must be a non-empty str, received "
                                  f"{name!r} ({signature_name}).")
-            tensor = make_tensor_proto(inputs[name]).SerializeToString()
-            entry = _field(_MAP_KEY, name.encode("utf-8")) + _field(_MAP_VALUE, tensor)
-            request += _field(_REQUEST_INPUTS, entry)
-        log = _field(_PREDICT_LOG_REQUEST, request)
-        records.append(_field(_PREDICTION_LOG_PREDICT_LOG, log))
+            request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
+        records.append(log.SerializeToString(deterministic=True))
     return records
 
 
-def _read_varint(data, position):
-    value, shift = 0, 0
-    while True:
-        if position >= len(data):
-            raise ValueError("truncated varint")
-        byte = data[position]
-        position += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, position
-        shift += 7
-        if shift >= 64:
-            raise ValueError("varint longer than 10 bytes")
+def _request(request, where):
+    """A `PredictRequest` -> `(signature_name, inputs)`; `where` names the
+    record in the ValueError of a tensor that is not a valid TensorProto."""
+    import tensorflow as tf
 
-
-def _fields(data):
-    """`(field number, wire type, value)` of each field of a message, in
-    order: a varint's value an int, a length-delimited field's its bytes,
-    fixed-width fields and groups None (skipped)."""
-    position = 0
-    while position < len(data):
-        key, position = _read_varint(data, position)
-        number, wire_type = key >> 3, key & 7
-        if number == 0:
-            raise ValueError("field number 0")
-        if wire_type == _VARINT:
-            value, position = _read_varint(data, position)
-        elif wire_type == _LENGTH_DELIMITED:
-            length, position = _read_varint(data, position)
-            if position + length > len(data):
-                raise ValueError(f"field {number} runs past the end of its message")
-            value, position = data[position:position + length], position + length
-        elif wire_type in (_FIXED64, _FIXED32):
-            position += 8 if wire_type == _FIXED64 else 4
-            if position > len(data):
-                raise ValueError(f"field {number} runs past the end of its message")
-            value = None
-        elif wire_type == _START_GROUP:
-            position = _skip_group(data, position, number)
-            value = None
-        else:
-            raise ValueError(f"field {number} has wire type {wire_type}")
-        yield number, wire_type, value
-
-
-def _skip_group(data, position, number):
-    """The position after the end of group `number` that starts at
-    `position` (a deprecated encoding, skipped as an unknown field)."""
-    while True:
-        if position >= len(data):
-            raise ValueError(f"group {number} has no end")
-        key, position = _read_varint(data, position)
-        inner, wire_type = key >> 3, key & 7
-        if wire_type == _END_GROUP:
-            if inner != number:
-                raise ValueError(f"group {number} ends as group {inner}")
-            return position
-        if wire_type == _VARINT:
-            _, position = _read_varint(data, position)
-        elif wire_type == _LENGTH_DELIMITED:
-            length, position = _read_varint(data, position)
-            position += length
-        elif wire_type in (_FIXED64, _FIXED32):
-            position += 8 if wire_type == _FIXED64 else 4
-        elif wire_type == _START_GROUP:
-            position = _skip_group(data, position, inner)
-        else:
-            raise ValueError(f"field {inner} has wire type {wire_type}")
-        if position > len(data):
-            raise ValueError(f"group {number} runs past the end of its message")
-
-
-def _message(data, number):
-    """The bytes of embedded message `number` of `data`: its occurrences
-    concatenated, which protobuf parses as their merge (b"" if absent)."""
-    parts = []
-    for field, wire_type, value in _fields(data):
-        if field == number:
-            if wire_type != _LENGTH_DELIMITED:
-                raise ValueError(f"field {number} is not a message")
-            parts.append(value)
-    return b"".join(parts)
-
-
-def _decode_record(record, parse_tensor, make_ndarray):
-    """One serialized `PredictionLog` -> `(signature_name, inputs)`, or None
-    if its log is not a predict log."""
-    log_type, predict_log = None, []
-    for number, wire_type, value in _fields(record):
-        if number not in _PREDICTION_LOG_TYPES:
-            continue
-        if wire_type != _LENGTH_DELIMITED:
-            raise ValueError(f"PredictionLog field {number} is not a message")
-        if number != log_type:
-            predict_log = []  # another member of the oneof replaces the log
-        log_type = number
-        if number == _PREDICTION_LOG_PREDICT_LOG:
-            predict_log.append(value)
-    if log_type != _PREDICTION_LOG_PREDICT_LOG:
-        return None
-    request = _message(b"".join(predict_log), _PREDICT_LOG_REQUEST)
-    signature_name = ""
-    for number, wire_type, value in _fields(_message(request, _REQUEST_MODEL_SPEC)):
-        if number == _MODEL_SPEC_SIGNATURE_NAME:
-            if wire_type != _LENGTH_DELIMITED:
-                raise ValueError("ModelSpec.signature_name is not a string")
-            signature_name = value.decode("utf-8")
-    tensors = {}
-    for number, wire_type, value in _fields(request):
-        if number != _REQUEST_INPUTS:
-            continue
-        if wire_type != _LENGTH_DELIMITED:
-            raise ValueError("PredictRequest.inputs is not a map entry")
-        key, tensor = "", []
-        for field, field_type, part in _fields(value):
-            if field_type != _LENGTH_DELIMITED and field in (_MAP_KEY, _MAP_VALUE):
-                raise ValueError("a PredictRequest.inputs entry has a field of the wrong type")
-            if field == _MAP_KEY:
-                key = part.decode("utf-8")
-            elif field == _MAP_VALUE:
-                tensor.append(part)
-        tensors[key] = b"".join(tensor)  # a later entry of one key replaces it
     inputs = {}
-    for key, tensor in tensors.items():
+    for key in sorted(request.inputs):
         try:
-            inputs[key] = make_ndarray(parse_tensor(tensor))
-        except Exception as e:  # protobuf's and numpy's errors alike
-            raise ValueError(f"input {key!r} is not a valid TensorProto ({e})") from None
-    return signature_name or SERVING_DEFAULT, inputs
+            inputs[key] = tf.make_ndarray(request.inputs[key])
+        except Exception as e:  # numpy's and TensorFlow's errors alike
+            raise ValueError(f"{where} holds input {key!r}, which is not a valid "
+                             f"TensorProto ({e}).") from None
+    return request.model_spec.signature_name or SERVING_DEFAULT, inputs

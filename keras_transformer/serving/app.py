@@ -56,7 +56,7 @@ from keras_transformer.serving.batching import (
     batch_key,
     batchable,
 )
-from keras_transformer.serving.metrics import CONTENT_TYPE, Metrics
+from keras_transformer.serving.metrics import CONTENT_TYPE, UNKNOWN_MODEL, Metrics
 from keras_transformer.serving.model_versions import ModelError, ModelOverloaded
 from keras_transformer.serving.models import ServedModels, single_model
 from keras_transformer.serving.rest_api import RestError
@@ -309,6 +309,12 @@ class ServingApp:
             raise RestError(f"Servable not found for request: {which}", 404)
         return servable
 
+    def metrics_model_name(self, name):
+        """`name` when the server serves a model of that name, else
+        `metrics.UNKNOWN_MODEL`: the `model_name` label of a request's
+        metrics, bounded by the served models whatever clients send."""
+        return name if self.models.get(name) is not None else UNKNOWN_MODEL
+
     def status_entries(self, name, version=None):
         """`VersionManager.status` of model `name`, or `RestError` 404 in
         TF Serving's words when it has none."""
@@ -362,7 +368,8 @@ class ServingApp:
             status = e.status
             return error_response(e.message, e.status)
         finally:
-            self.metrics.observe_request(name, status_code_name(status),
+            self.metrics.observe_request(self.metrics_model_name(name),
+                                         status_code_name(status),
                                          (time.monotonic() - start) * 1e6, "REST")
 
     async def _off_loop(self, size, function, *args):
@@ -419,7 +426,7 @@ class ServingApp:
         except ModelOverloaded as e:
             raise RestError(e.args[0], 503) from None
         except QueueFull as e:
-            self.metrics.observe_queue_full(name)
+            self.metrics.observe_queue_full(self.metrics_model_name(name))
             raise RestError(str(e), 503) from None
         except TaskTooLarge as e:
             raise RestError(str(e), 400) from None

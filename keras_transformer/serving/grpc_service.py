@@ -196,7 +196,8 @@ class GrpcServices:
         finally:
             from keras_transformer.serving.app import status_code_name
 
-            self.app.metrics.observe_request(name, status_code_name(status),
+            self.app.metrics.observe_request(self.app.metrics_model_name(name),
+                                             status_code_name(status),
                                              (time.monotonic() - start) * 1e6, "GRPC")
 
     async def _predict(self, request, start):

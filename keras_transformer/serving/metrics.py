@@ -1,5 +1,6 @@
-"""kt-serve's metrics in Prometheus' text format, under TF Serving's metric
-names, so dashboards and alerts written for TF Serving read kt-serve too.
+"""kt-serve's metrics in Prometheus' text format, kept and written by
+`prometheus-client`, under TF Serving's metric names, so dashboards and
+alerts written for TF Serving read kt-serve too.
 
 TF Serving names a metric `/tensorflow/serving/request_count` and exports it
 to Prometheus as `:tensorflow:serving:request_count` (every `/` a `:`); the
@@ -19,13 +20,20 @@ same here:
   microseconds spent loading SavedModels.
 - `:tensorflow:serving:queue_full_count{model_name}` (kt-serve's own): requests
   refused because a queue was full.
+
+A `model_name` is a model the server serves, or `UNKNOWN_MODEL` for every
+name it does not: a client's text never becomes a series of its own, so the
+number of series stays bounded whatever clients send. The other labels come
+from the server: a fixed set of codes and entrypoints, and the version
+directories it loaded (`model_path`).
 """
 
-import collections
-import math
-import threading
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# The one `model_name` of requests naming a model the server does not serve.
+UNKNOWN_MODEL = "<unknown>"
 # TF Serving's latency buckets: 10 us * 1.8^i, 33 of them (about 20 minutes).
 LATENCY_BUCKETS = tuple(10 * 1.8 ** i for i in range(33))
 BATCH_SIZE_BUCKETS = tuple(float(2 ** i) for i in range(15))
@@ -37,16 +45,22 @@ WARMUP_LATENCY = "/tensorflow/serving/model_warmup_latency"
 LOAD_LATENCY = "/tensorflow/cc/saved_model/load_latency"
 QUEUE_FULL = "/tensorflow/serving/queue_full_count"
 
-_HELP = {
-    REQUEST_COUNT: ("counter", ("model_name", "status"), "The total number of requests."),
+# name -> (type, label names, help text, histogram buckets)
+METRICS = {
+    REQUEST_COUNT: ("counter", ("model_name", "status"), "The total number of requests.",
+                    None),
     REQUEST_LATENCY: ("histogram", ("model_name", "API", "entrypoint"),
-                      "Distribution of wall time (in microseconds) for a request."),
-    INPUT_BATCH_SIZE: ("histogram", (), "Sentences in each merged batch."),
+                      "Distribution of wall time (in microseconds) for a request.",
+                      LATENCY_BUCKETS),
+    INPUT_BATCH_SIZE: ("histogram", (), "Sentences in each merged batch.",
+                       BATCH_SIZE_BUCKETS),
     WARMUP_LATENCY: ("histogram", ("model_path", "status"),
-                     "Distribution of wall time (in microseconds) for warming up the model."),
-    LOAD_LATENCY: ("counter", ("model_path",),
-                   "Microseconds spent loading SavedModels."),
-    QUEUE_FULL: ("counter", ("model_name",), "Requests refused because a queue was full."),
+                     "Distribution of wall time (in microseconds) for warming up the model.",
+                     LATENCY_BUCKETS),
+    LOAD_LATENCY: ("counter", ("model_path",), "Microseconds spent loading SavedModels.",
+                   None),
+    QUEUE_FULL: ("counter", ("model_name",), "Requests refused because a queue was full.",
+                 None),
 }
 
 
@@ -62,120 +76,95 @@ def prometheus_name(name):
 
 
 class Metrics:
-    """Counters and histograms, safe to update from any thread.
+    """Counters and histograms, safe to update from any thread, in a
+    `prometheus_client.CollectorRegistry` of their own (`registry`).
+
+    Callers pass a served model's name, or `UNKNOWN_MODEL`, as `model_name`.
 
     Example:
 
     >>> metrics = Metrics()
     >>> metrics.observe_request("demo", "OK", 1500.0, "REST")
-    >>> ':tensorflow:serving:request_count{model_name="demo",status="OK"} 1' \\
+    >>> ':tensorflow:serving:request_count{model_name="demo",status="OK"} 1.0' \\
     ...     in metrics.exposition()
     True
     """
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self._counters = collections.defaultdict(float)  # (name, labels) -> value
-        # (name, labels) -> [bucket counts..., sum, count]
-        self._histograms = {}
+        self._metrics = {}
+        for name, (kind, labels, text, buckets) in METRICS.items():
+            if kind == "counter":
+                metric = Counter(prometheus_name(name), text, labels, registry=None)
+            else:
+                metric = Histogram(prometheus_name(name), text, labels, registry=None,
+                                   buckets=buckets)
+            self._metrics[name] = metric
+        self.registry = CollectorRegistry()
+        self.registry.register(_TFServingNames(self._metrics.values()))
 
-    def _add(self, name, labels, value=1.0):
-        with self._lock:
-            self._counters[(name, labels)] += value
-
-    def _observe(self, name, labels, value, buckets):
-        with self._lock:
-            entry = self._histograms.get((name, labels))
-            if entry is None:
-                entry = self._histograms[(name, labels)] = [buckets, [0] * len(buckets),
-                                                            0.0, 0]
-            _, counts, _, _ = entry
-            for i, bound in enumerate(buckets):
-                if value <= bound:
-                    counts[i] += 1
-                    break
-            entry[2] += value
-            entry[3] += 1
+    def _child(self, name, labels):
+        metric = self._metrics[name]
+        return metric.labels(*labels) if labels else metric
 
     def observe_request(self, model_name, status, microseconds, entrypoint, api="predict"):
         """One request answered with `status` ("OK" or a canonical error
         code name) after `microseconds`."""
-        self._add(REQUEST_COUNT, (model_name, status))
-        self._observe(REQUEST_LATENCY, (model_name, api, entrypoint), microseconds,
-                      LATENCY_BUCKETS)
+        self._child(REQUEST_COUNT, (model_name, status)).inc()
+        self._child(REQUEST_LATENCY, (model_name, api, entrypoint)).observe(microseconds)
 
     def observe_batch(self, rows):
         """One merged batch of `rows` sentences ran."""
-        self._observe(INPUT_BATCH_SIZE, (), float(rows), BATCH_SIZE_BUCKETS)
+        self._child(INPUT_BATCH_SIZE, ()).observe(float(rows))
 
     def observe_queue_full(self, model_name):
-        self._add(QUEUE_FULL, (model_name,))
+        self._child(QUEUE_FULL, (model_name,)).inc()
 
     def observe_load(self, model_path, load_seconds, warmup_seconds, ok=True):
         """A version at `model_path` loaded (`ok`) in `load_seconds` and
         warmed up in `warmup_seconds` (None: not measured)."""
         if ok and load_seconds is not None:
-            self._add(LOAD_LATENCY, (model_path,), load_seconds * 1e6)
+            self._child(LOAD_LATENCY, (model_path,)).inc(load_seconds * 1e6)
         if warmup_seconds is not None:
-            self._observe(WARMUP_LATENCY, (model_path, "OK" if ok else "UNKNOWN"),
-                          warmup_seconds * 1e6, LATENCY_BUCKETS)
+            self._child(WARMUP_LATENCY, (model_path, "OK" if ok else "UNKNOWN")).observe(
+                warmup_seconds * 1e6)
 
     def value(self, name, labels=()):
         """A counter's value, or a histogram's count (0 if never set)."""
-        with self._lock:
-            if (name, tuple(labels)) in self._histograms:
-                return self._histograms[(name, tuple(labels))][3]
-            return self._counters.get((name, tuple(labels)), 0.0)
+        kind, label_names, _, _ = METRICS[name]
+        sample = prometheus_name(name) + ("_count" if kind == "histogram" else "")
+        value = self.registry.get_sample_value(sample, dict(zip(label_names, labels)))
+        return value or 0.0
 
     def exposition(self):
-        """Every metric set so far, in Prometheus' text format 0.0.4."""
-        with self._lock:
-            counters = sorted(self._counters.items())
-            histograms = sorted((key, (b, list(c), s, n))
-                                for key, (b, c, s, n) in self._histograms.items())
-        lines, described = [], set()
-        for (name, labels), value in counters:
-            _describe(lines, described, name)
-            lines.append(f"{prometheus_name(name)}{_labels(name, labels)} {_number(value)}")
-        for (name, labels), (buckets, counts, total, count) in histograms:
-            _describe(lines, described, name)
-            base = prometheus_name(name)
-            cumulative = 0
-            for bound, bucket_count in zip(buckets, counts):
-                cumulative += bucket_count
-                lines.append(f"{base}_bucket{_labels(name, labels, le=_number(bound))} "
-                             f"{cumulative}")
-            lines.append(f"{base}_bucket{_labels(name, labels, le='+Inf')} {count}")
-            lines.append(f"{base}_sum{_labels(name, labels)} {_number(total)}")
-            lines.append(f"{base}_count{_labels(name, labels)} {count}")
-        return "\n".join(lines) + "\n"
+        """Every metric, in Prometheus' text format 0.0.4."""
+        text = generate_latest(self.registry).decode("utf-8")
+        # The library heads a counter `<name>_total`; TF Serving's have no suffix.
+        for name, (kind, _, _, _) in METRICS.items():
+            if kind == "counter":
+                for line in ("# HELP", "# TYPE"):
+                    text = text.replace(f"{line} {prometheus_name(name)}_total ",
+                                        f"{line} {prometheus_name(name)} ")
+        return text
 
 
-def _describe(lines, described, name):
-    if name in described:
-        return
-    described.add(name)
-    kind, _, text = _HELP[name]
-    lines.append(f"# HELP {prometheus_name(name)} {text}")
-    lines.append(f"# TYPE {prometheus_name(name)} {kind}")
+class _TFServingNames:
+    """A collector of `metrics`' families with TF Serving's sample names: a
+    counter's sample is the counter's name (no `_total`), and no
+    `_created` samples."""
 
+    def __init__(self, metrics):
+        self.metrics = tuple(metrics)
 
-def _labels(name, values, le=None):
-    pairs = list(zip(_HELP[name][1], values))
-    if le is not None:
-        pairs.append(("le", le))
-    if not pairs:
-        return ""
-    return "{" + ",".join(f'{key}="{_escape(str(value))}"' for key, value in pairs) + "}"
+    def describe(self):
+        return [family for metric in self.metrics for family in metric.describe()]
 
-
-def _escape(text):
-    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _number(value):
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if float(value).is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    return repr(float(value))
+    def collect(self):
+        for metric in self.metrics:
+            for family in metric.collect():
+                renamed = Metric(family.name, family.documentation, family.type)
+                for sample in family.samples:
+                    if sample.name == family.name + "_created":
+                        continue
+                    name = family.name if family.type == "counter" else sample.name
+                    renamed.add_sample(name, sample.labels, sample.value)
+                yield renamed
