@@ -13,12 +13,14 @@ run's search defaults. Then:
    fraction of identical best translations at the export's defaults and at
    alpha 0 (where the two length penalties agree), and the largest score
    difference at alpha 0 among identical ones.
-2. Server overhead: one client (`http.client`, one keep-alive connection)
-   sends the same requests of `--batch` sentences in sequence to kt-serve
-   on the int8 version (no batching), and
-   the same batches go through `CTranslate2Translator` in this process (no
-   server): requests/s of each, in alternating rounds; the ratio is the
-   median of per-round ratios.
+2. Overhead: the same requests of `--batch` sentences, one after another,
+   three ways: CTranslate2 and SentencePiece alone in this process
+   (`RawCTranslate2`, the floor), `CTranslate2Translator` in this process,
+   and kt-serve on the int8 version (no batching) from one client
+   (`http.client`, one keep-alive connection); sentences/s of each over
+   `--overhead-rounds` rounds, each request sent the three ways in turn
+   (in an order that rotates). The ratios to the floor are the medians of
+   per-round ratios; the translations of the three are compared.
 3. Load: `--clients` clients send requests of one to four test sentences
    (`--requests` per round) to kt-serve on the SavedModel and to kt-serve on
    the int8 version, both with --enable-batching, alternating rounds:
@@ -104,42 +106,86 @@ def _post(session, url, sentences):
     return response.json()
 
 
-def overhead_round(url, engine, batches, server_first=True):
-    """`(kt-serve requests/s, CTranslate2 alone requests/s)` over
-    `batches`. The client is `http.client` on one keep-alive connection:
-    the least a client can add, so the ratio is the server's cost."""
+class RawCTranslate2:
+    """CTranslate2 and SentencePiece alone on an export directory, the
+    least a translation takes: each sentence encoded to pieces, one
+    `translate_batch` call per batch (the export's beam size, alpha and
+    min_length, under the package's length limit of the batch's longest
+    sentence), the best hypotheses decoded. No input rules (blank
+    sentences, truncation) and one limit per batch."""
+
+    def __init__(self, model_dir, threads):
+        import ctranslate2
+        import sentencepiece
+
+        from keras_transformer.export.ctranslate2 import (
+            decoding_limit,
+            read_ctranslate2_metadata,
+        )
+
+        metadata = read_ctranslate2_metadata(model_dir)
+        defaults = metadata["defaults"]
+        self.processor = sentencepiece.SentencePieceProcessor(
+            model_file=os.path.join(model_dir, metadata["source_sentencepiece"]))
+        self.target = sentencepiece.SentencePieceProcessor(
+            model_file=os.path.join(model_dir, metadata["target_sentencepiece"]))
+        self.translator = ctranslate2.Translator(model_dir, intra_threads=threads)
+        self.options = {"beam_size": defaults["beam_size"],
+                        "length_penalty": defaults["alpha"],
+                        "min_decoding_length": defaults["min_length"]}
+        extra, longest = defaults["extra_length"], metadata["config"]["max_length"]
+        self.limit = lambda pieces: decoding_limit(pieces, extra, longest)
+
+    def translate(self, sentences):
+        pieces = [self.processor.encode(s, out_type=str) for s in sentences]
+        out = self.translator.translate_batch(
+            pieces, max_decoding_length=self.limit(max(map(len, pieces))), **self.options)
+        return [self.target.decode(result.hypotheses[0]) for result in out]
+
+
+def overhead_round(url, engines, batches, first=0):
+    """Sentences/s of kt-serve at `url` (`"kt_serve"`) and of each of
+    `engines` (`{name: translate(batch) -> translations}`) over `batches`,
+    and the translations of each. Each batch goes through all of them, in
+    an order that rotates from batch to batch (from `first`), so a change
+    in the machine's load falls on all alike. The client is `http.client`
+    on one keep-alive connection: the least a client can add, so
+    kt-serve's figure against the others is the server's cost."""
     import http.client
     import urllib.parse
 
     address = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=120)
 
-    def served():
-        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=120)
-        try:
-            start = time.perf_counter()
-            for batch in batches:
-                connection.request("POST", address.path,
-                                   json.dumps({"inputs": {"text": batch}}).encode(),
-                                   {"Content-Type": "application/json"})
-                answer = connection.getresponse()
-                body = answer.read()
-                if answer.status != 200:
-                    raise RuntimeError(f"{answer.status}: {body[:300]!r}")
-            return len(batches) / (time.perf_counter() - start)
-        finally:
-            connection.close()
+    def served(batch):
+        connection.request("POST", address.path,
+                           json.dumps({"inputs": {"text": batch}}).encode(),
+                           {"Content-Type": "application/json"})
+        answer = connection.getresponse()
+        body = answer.read()
+        if answer.status != 200:
+            raise RuntimeError(f"{answer.status}: {body[:300]!r}")
+        return body
 
-    def alone():
-        start = time.perf_counter()
-        for batch in batches:
-            engine.translate(batch)
-        return len(batches) / (time.perf_counter() - start)
-
-    if server_first:
-        first = served()
-        return first, alone()
-    second = alone()
-    return served(), second
+    calls = {"kt_serve": served, **engines}
+    names = list(calls)
+    seconds = dict.fromkeys(names, 0.0)
+    translations = {name: [] for name in names}
+    try:
+        for b, batch in enumerate(batches):
+            k = (first + b) % len(names)
+            for name in names[k:] + names[:k]:
+                start = time.perf_counter()
+                out = calls[name](batch)
+                seconds[name] += time.perf_counter() - start
+                translations[name].append(out)
+    finally:
+        connection.close()
+    translations["kt_serve"] = [json.loads(body)["outputs"]["translation"]
+                                for body in translations["kt_serve"]]
+    sentences = sum(map(len, batches))
+    return ({name: sentences / seconds[name] for name in names},
+            {name: [t for batch in out for t in batch] for name, out in translations.items()})
 
 
 def load_round(url, sentences, clients, requests_count, seed):
@@ -179,30 +225,41 @@ def latency(engine, singles):
 
 
 def measure_overhead(args, int8_base, int8_dir, sentences):
-    """Part 2: kt-serve on the int8 version against `CTranslate2Translator`
-    in this process, the same batches, alternating rounds."""
+    """Part 2: CTranslate2 and SentencePiece alone, `CTranslate2Translator`
+    and kt-serve on the int8 version, each batch the three ways in turn
+    (`overhead_round`)."""
     from keras_transformer.export.ctranslate2 import CTranslate2Translator
 
     plain, url = tiny_serving.start_server([
         "--model-name", "m", "--model-base-path", int8_base, "--ctranslate2-threads",
         str(args.ctranslate2_threads)])
-    engine = CTranslate2Translator(int8_dir, intra_threads=args.ctranslate2_threads)
+    translator = CTranslate2Translator(int8_dir, intra_threads=args.ctranslate2_threads)
+    raw = RawCTranslate2(int8_dir, args.ctranslate2_threads)
+    engines = {"raw": raw.translate, "translator": lambda batch: translator.translate(batch)[0]}
     rng = random.Random(0)
     batches = [rng.sample(sentences, args.batch) for _ in range(args.batches)]
     predict = f"{url}/v1/models/m:predict"
-    overhead_round(predict, engine, batches[:3])  # warm both
-    rounds = []
+    names = ["raw", "translator", "kt_serve"]
+    overhead_round(predict, engines, batches[:3])  # warm all three
+    rounds, identical = [], {}
     try:
-        for r in range(args.rounds):
-            served, alone = overhead_round(predict, engine, batches, server_first=r % 2 == 0)
-            rounds.append({"kt_serve": served, "ctranslate2_alone": alone,
-                           "ratio": served / alone})
-            print(f"overhead round {r}: kt-serve {served:.1f} requests/s, CTranslate2 "
-                  f"alone {alone:.1f} requests/s", flush=True)
+        for r in range(args.overhead_rounds):
+            rates, translations = overhead_round(predict, engines, batches, first=r)
+            rounds.append({**rates, "translator_over_raw": rates["translator"] / rates["raw"],
+                           "kt_serve_over_raw": rates["kt_serve"] / rates["raw"]})
+            for name in ("translator", "kt_serve"):
+                same = sum(a == b for a, b in zip(translations["raw"], translations[name]))
+                identical[name] = min(identical.get(name, same), same)
+            print(f"overhead round {r}: " + ", ".join(
+                f"{name} {rates[name]:.0f}" for name in names) + " sentences/s", flush=True)
     finally:
         tiny_serving.stop_server(plain)
-    return {"rounds": rounds, "batch": args.batch,
-            "ratio_median": statistics.median(o["ratio"] for o in rounds)}
+    return {"rounds": rounds, "batch": args.batch, "batches": args.batches,
+            "sentences_per_round": args.batch * args.batches,
+            "identical_to_raw": {**identical, "of": args.batch * args.batches},
+            **{f"{name}_median": statistics.median(r[name] for r in rounds) for name in names},
+            **{f"{ratio}_median": statistics.median(r[ratio] for r in rounds)
+               for ratio in ("translator_over_raw", "kt_serve_over_raw")}}
 
 
 def measure_load(args, saved_model, int8_base, sentences):
@@ -247,6 +304,7 @@ def main(argv=None):
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--overhead-rounds", type=int, default=12)
     parser.add_argument("--singles", type=int, default=40)
     parser.add_argument("--ctranslate2-threads", type=int, default=1)
     parser.add_argument("--parts", default="match,overhead,load,threads",
@@ -286,11 +344,14 @@ def main(argv=None):
     path = args.json or provenance.result_path(record, "serve-engines")
     with open(path, "w") as f:
         json.dump(report, f, indent=1)
-    for part, what in (("overhead", "kt-serve / CTranslate2 alone, requests/s"),
-                       ("load", "kt-serve on CTranslate2 int8 / on the SavedModel, "
-                                "sentences/s")):
-        if part in report:
-            print(f"{part}: {what}: {report[part]['ratio_median']:.3f}")
+    if "overhead" in report:
+        overhead = report["overhead"]
+        print(f"overhead: against CTranslate2 and SentencePiece alone, sentences/s: "
+              f"CTranslate2Translator {overhead['translator_over_raw_median']:.3f}, "
+              f"kt-serve {overhead['kt_serve_over_raw_median']:.3f}")
+    if "load" in report:
+        print(f"load: kt-serve on CTranslate2 int8 / on the SavedModel, sentences/s: "
+              f"{report['load']['ratio_median']:.3f}")
     print(f"written to {path}")
 
 

@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import os
+import sys
 
 import keras
 import numpy as np
@@ -228,6 +229,13 @@ def eos_model(vocabularies, tmp_path_factory):
     gaps between the best logit and eos's, so that eos is the argmax at
     about a quarter of the positions: searches end at various lengths, some
     before the limit, some at it (a random model rarely emits eos)."""
+    return eos_raised(vocabularies, 25, tmp_path_factory.mktemp("eos"))
+
+
+def eos_raised(vocabularies, percentile, directory):
+    """`(model, source vocabulary, export in directory)`: the untied variant
+    (seed 1) with its output bias for eos raised by `percentile` of the
+    gaps between the best logit and eos's on the test sentences."""
     model, source, target = build(vocabularies, "untied_output", seed=1)
     config = model.config
     batch = [ids(source, s) for s in SENTENCES]
@@ -241,10 +249,10 @@ def eos_model(vocabularies, tmp_path_factory):
         training=False))
     gap = logits.max(-1) - logits[..., config.eos_id]
     bias = keras.ops.convert_to_numpy(model.output_projection.bias).copy()
-    bias[config.eos_id] += float(np.percentile(gap, 25))
+    bias[config.eos_id] += float(np.percentile(gap, percentile))
     model.output_projection.bias.assign(bias)
     path = export_ctranslate2(model, source.model_proto, target.model_proto,
-                              str(tmp_path_factory.mktemp("eos") / "model"))
+                              str(directory / "model"))
     return model, source, path
 
 
@@ -352,6 +360,94 @@ def test_beam_search_at_alpha_0_against_the_package(eos_model):
         elif len(got) < limit:
             assert float(scores[i, 0]) > result.scores[0]
     assert same >= 1
+
+
+def alone(translator, sentence, extra_length, **options):
+    """`sentence` searched by itself under its own length limit and ended
+    with eos as the engine ends it: what each sentence of a batch gets."""
+    source = translator.source_pieces(sentence)
+    limit = decoding_limit(len(source), extra_length, translator.config.max_length)
+    result = translator.translator.translate_batch(
+        [source], max_decoding_length=limit, return_scores=True, max_input_length=0,
+        min_decoding_length=min(translator.min_length, limit - 1), **options)[0]
+    return translator._ended_with_eos(source, result, limit, options["length_penalty"])
+
+
+class CountedCalls:
+    """A `ctranslate2.Translator` that records the size of each
+    `translate_batch` call."""
+
+    def __init__(self, translator):
+        self.translator = translator
+        self.batches = []
+
+    def translate_batch(self, batch, **options):
+        self.batches.append(len(batch))
+        return self.translator.translate_batch(batch, **options)
+
+    def score_batch(self, *args, **options):
+        return self.translator.score_batch(*args, **options)
+
+
+@pytest.mark.parametrize("beam_size, alpha", [(4, 0.6), (3, 1.0), (4, 0.0), (1, 0.0)])
+def test_each_sentence_of_a_batch_is_searched_as_alone(exports, eos_model, beam_size, alpha):
+    # One model whose searches end at various lengths, one whose searches
+    # mostly run to their limit: in a batch under the largest limit (the
+    # fast path, alpha > 0 and greedy) or batched by limit (alpha 0), each
+    # sentence gets the search of its own limit.
+    pre_ln = exports("pre_ln")
+    n = min(2, beam_size)
+    for path in (eos_model[2], pre_ln[3]):
+        translator = CTranslate2Translator(path)
+        nbest = translator.translate_nbest(SENTENCES, n, beam_size, alpha, EXTRA_LENGTH)
+        best = translator.translate(SENTENCES, beam_size, alpha, EXTRA_LENGTH)
+        for i, sentence in enumerate(SENTENCES):
+            for got, hypotheses in ((nbest[i], n), ([(best[0][i], best[1][i])], 1)):
+                result = alone(translator, sentence, EXTRA_LENGTH, beam_size=beam_size,
+                               length_penalty=alpha, num_hypotheses=hypotheses)
+                assert [t for t, _ in got] == [translator.detokenize(h)
+                                               for h in result.hypotheses]
+                assert [s for _, s in got] == pytest.approx(list(result.scores), abs=1e-5)
+
+
+def packages_called(function):
+    """The top-level packages of the Python functions and builtins that
+    `function()` calls."""
+    seen = set()
+
+    def hook(frame, event, arg):
+        if event == "call":
+            seen.add(str(frame.f_globals.get("__name__")).split(".")[0])
+        elif event == "c_call":
+            seen.add(str(getattr(arg, "__module__", None)).split(".")[0])
+
+    sys.setprofile(hook)
+    try:
+        function()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def test_a_request_is_one_ctranslate2_call_without_tensorflow(vocabularies, tmp_path):
+    """The engine's fast path, held structurally: a request of sentences of
+    different lengths whose searches end well before their limits (eos
+    raised past every other logit) is one `translate_batch` call, and
+    tokenizing goes through SentencePiece's Python API, not TensorFlow or
+    Keras."""
+    translator = CTranslate2Translator(eos_raised(vocabularies, 100, tmp_path)[2])
+    translator.translator = calls = CountedCalls(translator.translator)
+    request = SENTENCES[:8]
+    assert len({len(translator.source_pieces(s)) for s in request}) > 3
+    translator.translate(request, extra_length=50)
+    assert calls.batches == [8]
+    for method, arguments in ((translator.translate, ()), (translator.translate_nbest, (2,))):
+        calls.batches.clear()
+        packages = packages_called(
+            lambda m=method, a=arguments: m(request, *a, extra_length=50))
+        assert calls.batches == [8]
+        assert "sentencepiece" in packages
+        assert not packages & {"tensorflow", "tensorflow_text", "keras", "tf_keras"}, packages
 
 
 def test_int8_runs_and_stays_close(exports, tmp_path):

@@ -453,6 +453,18 @@ def decoding_limit(source_pieces, extra_length, max_length):
     return max(1, min(source_pieces + 1 + extra_length, max_length))
 
 
+def _ends_in_results(options):
+    """Whether a search with `translate_batch` `options` shows in its
+    results the step it ended at: greedy search (its one hypothesis ends
+    there), and beam search at alpha > 0 with all `beam_size` hypotheses
+    returned (it stops once it holds `beam_size` finished ones, the last
+    ended there; at alpha 0 it stops when its best candidate is eos, which
+    a better hypothesis finished earlier can hide)."""
+    if options["beam_size"] == 1:
+        return options.get("sampling_topk", 1) == 1
+    return options["length_penalty"] > 0
+
+
 class CTranslate2Translator(TranslationEngine):
     """Translates with an export directory: SentencePiece tokenizes, a
     `ctranslate2.Translator` searches, SentencePiece detokenizes. The same
@@ -486,7 +498,16 @@ class CTranslate2Translator(TranslationEngine):
     sentence gives "" and score 0.0; a source longer than `max_length - 1`
     pieces keeps its first `max_length - 1`, then eos; a translation has at
     most `decoding_limit(source pieces, extra_length, max_length)` tokens,
-    eos included, per sentence (sentences are batched by that limit).
+    eos included, per sentence, and each sentence's search is the one it
+    would get alone under its limit.
+
+    Batching: greedy search and beam search at alpha > 0 take the fast
+    path, one `translate_batch` call per `batch_size` sentences (a request
+    of a few sentences is one call), with a sentence that came within one
+    token of its own limit searched again under that limit; sampling and
+    beam search at alpha 0 go in batches of one limit each (`_search`).
+    Tokenizing and detokenizing call SentencePiece's Python API, per
+    sentence; no TensorFlow runs per call.
 
     Greedy search (`beam_size=1`, and `sample` at temperature 0) is the
     package's greedy search: the same tokens and scores (`log P`, eos
@@ -577,35 +598,81 @@ class CTranslate2Translator(TranslationEngine):
     # Searches --------------------------------------------------------------------
 
     def _search(self, sentences, extra_length, batch_size, options):
-        """Runs `translate_batch(**options)` over `sentences`, batched by
-        their length limit; returns the results in input order (None for
-        blank sentences)."""
+        """Runs `translate_batch(**options)` over `sentences`; returns the
+        results in input order (None for blank sentences), each as if its
+        sentence were searched alone under its own length limit
+        (`decoding_limit`), where CTranslate2 takes one limit per batch.
+
+        The fast path, for the searches whose results show the step they
+        ended at (`_ends_in_results`: greedy search, and beam search at
+        alpha > 0): the sentences, sorted by length, go in batches of
+        `batch_size` under their batch's largest limit, one
+        `translate_batch` call each. A sentence whose hypotheses all end two
+        or more tokens before its own limit is settled: its search never
+        reached its own last step, where the two limits first differ.
+        Otherwise (sampling, beam search at alpha 0, and the few sentences
+        the fast path leaves unsettled) the sentences go in batches of one
+        limit each."""
         extra_length = self.extra_length if extra_length is None else int(extra_length)
         if extra_length < 0:
             raise ValueError(f"`extra_length` must be >= 0, received {extra_length}.")
         if batch_size < 1:
             raise ValueError(f"`batch_size` must be >= 1, received {batch_size}.")
         pieces = [self.source_pieces(s) for s in sentences]
-        limits = {}
-        for i, p in enumerate(pieces):
-            if p:
-                limit = decoding_limit(len(p), extra_length, self.config.max_length)
-                limits.setdefault(limit, []).append(i)
+        max_length = self.config.max_length
+        limits = {i: decoding_limit(len(p), extra_length, max_length)
+                  for i, p in enumerate(pieces) if p}
         results = [None] * len(sentences)
-        for limit, indices in sorted(limits.items()):
+        unsettled = list(limits)
+        if _ends_in_results(options):
+            # A limit at or below min_length lowers min_decoding_length.
+            fast = sorted((i for i in unsettled if limits[i] > self.min_length),
+                          key=lambda i: len(pieces[i]))
+            unsettled = [i for i in unsettled if limits[i] <= self.min_length]
+            unsettled += self._search_fast(pieces, limits, fast, batch_size, options,
+                                           results)
+        by_limit = {}
+        for i in unsettled:
+            by_limit.setdefault(limits[i], []).append(i)
+        alpha = options.get("length_penalty", 0.0)
+        for limit, indices in sorted(by_limit.items()):
             for start in range(0, len(indices), batch_size):
                 chunk = indices[start:start + batch_size]
-                # CTranslate2 masks eos before the softmax, as the
-                # package's `forbid_early_eos`.
-                out = self.translator.translate_batch(
-                    [pieces[i] for i in chunk], max_decoding_length=limit,
-                    min_decoding_length=min(self.min_length, limit - 1),
-                    max_input_length=0, return_scores=True,
-                    use_vmap=self.use_vmap, **options)
+                out = self._translate_batch([pieces[i] for i in chunk], limit,
+                                            min(self.min_length, limit - 1), options)
                 for i, result in zip(chunk, out):
-                    results[i] = self._ended_with_eos(pieces[i], result, limit,
-                                                      options.get("length_penalty", 0.0))
+                    results[i] = self._ended_with_eos(pieces[i], result, limit, alpha)
         return results
+
+    def _search_fast(self, pieces, limits, indices, batch_size, options, results):
+        """`_search`'s fast path over `indices` (sorted by length, each
+        limit above `min_length`): fills `results` for the settled ones,
+        returns the others. A beam search returns all its finished
+        hypotheses (it stops holding `beam_size` of them), so the longest
+        is the one of the step it ended at."""
+        wanted = options["num_hypotheses"]
+        every = dict(options, num_hypotheses=options["beam_size"])
+        unsettled = []
+        for start in range(0, len(indices), batch_size):
+            chunk = indices[start:start + batch_size]
+            out = self._translate_batch([pieces[i] for i in chunk],
+                                        max(limits[i] for i in chunk), self.min_length, every)
+            for i, result in zip(chunk, out):
+                hypotheses = result.hypotheses
+                if max(map(len, hypotheses)) + 2 > limits[i]:
+                    unsettled.append(i)
+                elif len(hypotheses) > wanted:
+                    results[i] = _Result(hypotheses[:wanted], result.scores[:wanted])
+                else:
+                    results[i] = result
+        return unsettled
+
+    def _translate_batch(self, batch, limit, min_length, options):
+        # CTranslate2 masks eos before the softmax, as the package's
+        # `forbid_early_eos`.
+        return self.translator.translate_batch(
+            batch, max_decoding_length=limit, min_decoding_length=min_length,
+            max_input_length=0, return_scores=True, use_vmap=self.use_vmap, **options)
 
     def _ended_with_eos(self, source, result, limit, alpha):
         """`result` with each hypothesis that reached `limit` tokens without
