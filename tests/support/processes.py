@@ -21,13 +21,12 @@ def write_corpus(directory, n=120):
                 f.write("\n".join(text) + "\n")
 
 
-def kill_after_checkpoint(process, checkpoint_dir, min_step, timeout=240):
-    """Sends SIGKILL to `process` (a `Popen` training into `checkpoint_dir`)
-    as soon as the directory's latest complete checkpoint (the one its
-    `checkpoint` state file names, written last) is of step `min_step` or
-    later, and waits for it to die. Fails the test if the process ended by
-    itself first (nothing was interrupted)."""
-    import signal
+def signal_after_checkpoint(process, checkpoint_dir, min_step, number, timeout=240):
+    """Sends signal `number` to `process` (a `Popen` training into
+    `checkpoint_dir`) as soon as the directory's latest complete checkpoint
+    (the one its `checkpoint` state file names, written last) is of step
+    `min_step` or later, and waits for the process to end. Fails the test if
+    it ended by itself first (nothing was interrupted)."""
     import time
 
     import tensorflow as tf
@@ -40,10 +39,17 @@ def kill_after_checkpoint(process, checkpoint_dir, min_step, timeout=240):
             if latest and int(latest.rsplit("-", 1)[1]) >= min_step:
                 break
             time.sleep(0.05)
-        assert process.poll() is None, "the run ended before it could be killed"
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=30)
+        assert process.poll() is None, "the run ended before it could be signalled"
+        process.send_signal(number)
+        process.wait(timeout=timeout)
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def kill_after_checkpoint(process, checkpoint_dir, min_step, timeout=240):
+    """`signal_after_checkpoint` with SIGKILL, which the process must die of."""
+    import signal
+
+    signal_after_checkpoint(process, checkpoint_dir, min_step, signal.SIGKILL, timeout)
     assert process.returncode == -signal.SIGKILL
