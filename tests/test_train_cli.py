@@ -124,24 +124,29 @@ def test_sigterm_saves_at_the_next_update_exits_0_and_resumes_exactly(tmp_path):
     straight = subprocess.Popen([str(whole) if part == str(run) else part for part in command],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=ENV, cwd=ROOT)
-    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, env=ENV, cwd=ROOT)
-    signal_after_checkpoint(first, str(run / "checkpoints"), 2, signal.SIGTERM)
-    out = first.stdout.read()
-    assert first.returncode == 0, out[-3000:]
-    match = re.search(r"Stopping at step (\d+) on SIGTERM, with the checkpoint (\S+):", out)
-    assert match, out[-3000:]
-    reached = int(match.group(1))
-    assert 2 < reached < 12
-    latest = tf.train.latest_checkpoint(str(run / "checkpoints"))
-    assert latest == match.group(2) and latest.endswith(f"ckpt-{reached}")
-    assert f"Training stopped by SIGTERM at step {reached};" in out
+    try:
+        first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, env=ENV, cwd=ROOT)
+        signal_after_checkpoint(first, str(run / "checkpoints"), 2, signal.SIGTERM)
+        out = first.stdout.read()
+        assert first.returncode == 0, out[-3000:]
+        match = re.search(r"Stopping at step (\d+) on SIGTERM, with the checkpoint (\S+):",
+                          out)
+        assert match, out[-3000:]
+        reached = int(match.group(1))
+        assert 2 <= reached < 12
+        latest = tf.train.latest_checkpoint(str(run / "checkpoints"))
+        assert latest == match.group(2) and latest.endswith(f"ckpt-{reached}")
+        assert f"Training stopped by SIGTERM at step {reached};" in out
 
-    second = subprocess.run(command, capture_output=True, text=True, env=ENV, cwd=ROOT,
-                            timeout=300)
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert f"Resumed from {latest} at step {reached};" in second.stdout
-    assert straight.wait(timeout=300) == 0, straight.stdout.read()[-3000:]
+        second = subprocess.run(command, capture_output=True, text=True, env=ENV, cwd=ROOT,
+                                timeout=300)
+        assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+        assert f"Resumed from {latest} at step {reached};" in second.stdout
+        assert straight.wait(timeout=300) == 0, straight.stdout.read()[-3000:]
+    finally:
+        if straight.poll() is None:
+            straight.kill()
     assert_same_checkpoints(str(run / "checkpoints" / "ckpt-12"),
                             str(whole / "checkpoints" / "ckpt-12"))
 
