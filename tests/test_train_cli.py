@@ -54,18 +54,25 @@ def assert_same_checkpoints(resumed_prefix, straight_prefix):
     print(f"resumed vs uninterrupted, largest difference of any saved value: {largest!r}")
 
 
-def test_resumes_after_sigkill_at_the_step_reached(tmp_path):
+def tiny_training(tmp_path, *flags):
+    """The kt-train command line of a `tiny` model on `write_corpus`'s
+    corpus (written under `tmp_path`), without validation, with `flags`;
+    `--run-dir` is `tmp_path/run`."""
     data = tmp_path / "data"
-    data.mkdir()
+    data.mkdir(exist_ok=True)
     write_corpus(str(data))
+    return [sys.executable, os.path.join(ROOT, "training", "train.py"),
+            "--run-dir", str(tmp_path / "run"), "--data", f"text:{data}", "--src-lang", "en",
+            "--tgt-lang", "de", "--config", "tiny", "--vocab-size", "400",
+            "--batch-tokens", "128", "--max-length", "64", "--shuffle-buffer", "50",
+            "--valid-split", "", *flags]
+
+
+def test_resumes_after_sigkill_at_the_step_reached(tmp_path):
     run = tmp_path / "run"
-    command = [sys.executable, os.path.join(ROOT, "training", "train.py"),
-               "--run-dir", str(run), "--data", f"text:{data}", "--src-lang", "en",
-               "--tgt-lang", "de", "--config", "tiny", "--vocab-size", "400",
-               "--train-steps", "60", "--steps-per-epoch", "30", "--checkpoint-every", "3",
-               "--keep-checkpoints", "3", "--warmup-steps", "50", "--batch-tokens", "128",
-               "--max-length", "64", "--shuffle-buffer", "50", "--valid-split", "",
-               "--verbose", "2"]
+    command = tiny_training(tmp_path, "--train-steps", "60", "--steps-per-epoch", "30",
+                            "--checkpoint-every", "3", "--keep-checkpoints", "3",
+                            "--warmup-steps", "50", "--verbose", "2")
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, env=ENV, cwd=ROOT)
     kill_after_checkpoint(first, str(run / "checkpoints"), 6)
@@ -108,17 +115,10 @@ def test_resumes_after_sigkill_at_the_step_reached(tmp_path):
 
 def test_sigterm_saves_at_the_next_update_exits_0_and_resumes_exactly(tmp_path):
     # A preempted machine (spot VM, Kubernetes eviction) gets SIGTERM.
-    data = tmp_path / "data"
-    data.mkdir()
-    write_corpus(str(data))
     run = tmp_path / "run"
-    command = [sys.executable, os.path.join(ROOT, "training", "train.py"),
-               "--run-dir", str(run), "--data", f"text:{data}", "--src-lang", "en",
-               "--tgt-lang", "de", "--config", "tiny", "--vocab-size", "400",
-               "--train-steps", "12", "--steps-per-epoch", "12", "--checkpoint-every", "2",
-               "--warmup-steps", "20", "--batch-tokens", "128", "--max-length", "64",
-               "--shuffle-buffer", "50", "--valid-split", "", "--input-autotune", "off",
-               "--verbose", "0"]
+    command = tiny_training(tmp_path, "--train-steps", "12", "--steps-per-epoch", "12",
+                            "--checkpoint-every", "2", "--warmup-steps", "20",
+                            "--input-autotune", "off", "--verbose", "0")
     # The uninterrupted run alongside, on the other core.
     whole = tmp_path / "whole"
     straight = subprocess.Popen([str(whole) if part == str(run) else part for part in command],
