@@ -33,13 +33,15 @@ def signal_after_checkpoint(process, checkpoint_dir, min_step, number, timeout=2
 
     deadline = time.time() + timeout
     try:
-        while time.time() < deadline and process.poll() is None:
+        reached = False
+        while time.time() < deadline and process.poll() is None and not reached:
             latest = (tf.train.latest_checkpoint(checkpoint_dir)
                       if os.path.isdir(checkpoint_dir) else None)
-            if latest and int(latest.rsplit("-", 1)[1]) >= min_step:
-                break
-            time.sleep(0.05)
+            reached = bool(latest) and int(latest.rsplit("-", 1)[1]) >= min_step
+            if not reached:
+                time.sleep(0.05)
         assert process.poll() is None, "the run ended before it could be signalled"
+        assert reached, f"no checkpoint of step {min_step} or later within {timeout} s"
         process.send_signal(number)
         process.wait(timeout=timeout)
     finally:
