@@ -73,6 +73,9 @@ def main(argv=None):
             translator=translator, bleu_sources=[s for s, _ in held_out],
             bleu_references=[t for _, t in held_out], keep_best=3, patience=4),
         verbose=2)
+    if run.interrupted:  # SIGTERM or Ctrl-C: a checkpoint at the step reached
+        print(f"Stopped by {run.interrupted} at step {run.step}; run again to resume.")
+        return
     print(f"Trained to step {run.step}; weights sha256 {kt.weights_digest(model)}")
 
     sources = [s for s, _ in held_out[:3]]

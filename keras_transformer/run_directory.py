@@ -95,31 +95,36 @@ class RunDirectory:
     def log_dir(self):
         return self.file(LOGS)
 
-    def lock(self):
+    def lock(self, purpose="training"):
         """Locks the run directory for this process (a POSIX lock on
-        `RUN_DIR/.lock`, which holds the pid), so that a second training
-        process on it stops at once instead of interleaving checkpoints.
-        Held until the process ends; asking again in the same process is a
-        no-op. Raises `ValueError` naming the directory and the holder's pid
-        when another process holds it."""
+        `RUN_DIR/.lock`, which holds the pid and `purpose`), so that a
+        second training process on it stops at once instead of interleaving
+        checkpoints, and averaging does not read checkpoints that training
+        is writing or deleting. Held until the process ends; asking again in
+        the same process is a no-op. Raises `ValueError` naming the
+        directory, the holder's pid and purpose and the lock file when
+        another process holds it."""
         path = os.path.realpath(self.path)
         if path in _LOCKED:
             return
         os.makedirs(path, exist_ok=True)
-        f = open(os.path.join(path, LOCK_FILE), "a+")
+        lock_file = os.path.join(path, LOCK_FILE)
+        f = open(lock_file, "a+")
         try:
             fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             f.seek(0)
-            holder = f.read().strip()
+            pid, _, held_for = f.read().strip().partition(" ")
             f.close()
+            advice = (", or use another run directory" if purpose == "training"
+                      else f" before {purpose}")
             raise ValueError(
-                f"{self.path} is in use by another training process"
-                f"{f' (pid {holder})' if holder else ''}: wait for it to end, or use another "
-                "run directory.") from None
+                f"{self.path} is in use by another {held_for or 'training'} process"
+                f"{f' (pid {pid})' if pid else ''}, which holds {lock_file}: wait for it "
+                f"to end{advice}.") from None
         f.seek(0)
         f.truncate()
-        f.write(f"{os.getpid()}\n")
+        f.write(f"{os.getpid()} {purpose}\n")
         f.flush()
         _LOCKED[path] = f
 

@@ -1,8 +1,9 @@
 """Nothing on disk is lost or misread: atomic writes survive a failure
 mid-write, a UTF-8 byte-order mark is not read as text, a missing best/
 index never deletes a checkpoint, and a second training process on a run
-directory stops at once."""
+directory stops at once, as does kt-average while one trains."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -85,8 +86,10 @@ def test_a_missing_best_index_deletes_nothing(tmp_path):
     assert all(os.path.exists(path) for path in kept)
 
 
-def test_a_second_training_process_on_a_run_directory_stops(tmp_path):
-    run_dir = str(tmp_path / "run")
+@contextlib.contextmanager
+def lock_held_elsewhere(run_dir):
+    """A second process that holds `run_dir`'s lock until the block ends;
+    yields its `Popen`."""
     holder = subprocess.Popen(
         [sys.executable, "-c",
          "import sys; from keras_transformer.run_directory import RunDirectory; "
@@ -94,6 +97,15 @@ def test_a_second_training_process_on_a_run_directory_stops(tmp_path):
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
     try:
         assert holder.stdout.readline().strip() == "locked"
+        yield holder
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+
+
+def test_a_second_training_process_on_a_run_directory_stops(tmp_path):
+    run_dir = str(tmp_path / "run")
+    with lock_held_elsewhere(run_dir) as holder:
         with pytest.raises(ValueError, match=rf"run is in use by another training process "
                                              rf"\(pid {holder.pid}\)"):
             RunDirectory(run_dir).lock()
@@ -103,7 +115,22 @@ def test_a_second_training_process_on_a_run_directory_stops(tmp_path):
             capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=300)
         assert out.returncode == 2, out.stderr[-2000:]
         assert f"in use by another training process (pid {holder.pid})" in out.stderr
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=60)
     RunDirectory(run_dir).lock()  # free again once the holder ended
+
+
+def test_kt_average_waits_for_training_to_end(tmp_path, capsys):
+    from keras_transformer.cli import average
+
+    run_dir = str(tmp_path / "run")
+    with lock_held_elsewhere(run_dir) as holder:
+        assert average.main(["--run-dir", run_dir]) == 2
+        assert capsys.readouterr().err == (
+            f"error: {run_dir} is in use by another training process (pid {holder.pid}), "
+            f"which holds {run_dir}/.lock: wait for it to end before averaging.\n")
+    assert not os.path.exists(os.path.join(run_dir, "averaged"))
+    # Free again: on to the averaging, which finds nothing to average here.
+    assert average.main(["--run-dir", run_dir]) == 2
+    assert "No checkpoints in" in capsys.readouterr().err
+    assert not os.path.exists(str(tmp_path / "missing"))
+    assert average.main(["--run-dir", str(tmp_path / "missing")]) == 2
+    assert not os.path.exists(str(tmp_path / "missing"))  # not created by the lock

@@ -105,6 +105,14 @@ def test_undecodable_bytes_name_the_file_and_line(tmp_path):
         text_files.parallel_text_dataset(src, tgt)
 
 
+def test_a_nul_byte_names_the_file_and_line(tmp_path):
+    src = write(tmp_path / "n.en", EN)
+    tgt = write(tmp_path / "n.de", None, raw=b"Ein Hund.\nZwei\x00 M\xc3\xa4nner.\ndrei\n")
+    with pytest.raises(TextFileError, match=r"n\.de, line 2: a NUL byte at byte 4 "
+                                            r"\(b'Zwei\\x00 M"):
+        text_files.parallel_text_dataset(src, tgt)
+
+
 def test_missing_file_and_bad_gzip(tmp_path):
     with pytest.raises(TextFileError, match="no such file"):
         text_files.parallel_text_dataset(str(tmp_path / "nope.en"), str(tmp_path / "nope.de"))

@@ -1,8 +1,10 @@
 """kt-train (keras_transformer/cli/train.py, run here as its script form
-training/train.py) end to end: kill -9 after a checkpoint, rerun, resume."""
+training/train.py) end to end: kill -9 after a checkpoint, rerun, resume;
+SIGTERM saves, exits 0 and resumes."""
 
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -10,7 +12,13 @@ import numpy as np
 import tensorflow as tf
 
 import keras_transformer as kt
-from support.processes import ENV, ROOT, kill_after_checkpoint, write_corpus
+from support.processes import (
+    ENV,
+    ROOT,
+    kill_after_checkpoint,
+    signal_after_checkpoint,
+    write_corpus,
+)
 
 
 def test_help_is_usable():
@@ -23,18 +31,48 @@ def test_help_is_usable():
         assert flag in out.stdout
 
 
-def test_resumes_after_sigkill_at_the_step_reached(tmp_path):
+def assert_same_checkpoints(resumed_prefix, straight_prefix):
+    """Every value saved in the two checkpoints (weights, Adam's moments,
+    step, dropout seeds, data position) is the same, floats up to float32
+    rounding."""
+    resumed = tf.train.load_checkpoint(resumed_prefix)
+    straight = tf.train.load_checkpoint(straight_prefix)
+    names = [n for n, _ in tf.train.list_variables(straight_prefix)
+             if n != "_CHECKPOINTABLE_OBJECT_GRAPH"]
+    assert len(names) > 50 and "data_position/.ATTRIBUTES/VARIABLE_VALUE" in names
+    largest = 0.0
+    for name in names:
+        a, b = resumed.get_tensor(name), straight.get_tensor(name)
+        if a.dtype.kind == "f":
+            largest = max(largest, float(np.abs(a - b).max()))
+            # Same operations on the same machine: equal up to float32
+            # rounding (a few ulps of the weights' scale).
+            bound = 8 * np.finfo(np.float32).eps * max(1.0, float(np.abs(b).max()))
+            assert np.abs(a - b).max() <= bound, (name, np.abs(a - b).max())
+        else:
+            assert (a == b).all(), name
+    print(f"resumed vs uninterrupted, largest difference of any saved value: {largest!r}")
+
+
+def tiny_training(tmp_path, *flags):
+    """The kt-train command line of a `tiny` model on `write_corpus`'s
+    corpus (written under `tmp_path`), without validation, with `flags`;
+    `--run-dir` is `tmp_path/run`."""
     data = tmp_path / "data"
-    data.mkdir()
+    data.mkdir(exist_ok=True)
     write_corpus(str(data))
+    return [sys.executable, os.path.join(ROOT, "training", "train.py"),
+            "--run-dir", str(tmp_path / "run"), "--data", f"text:{data}", "--src-lang", "en",
+            "--tgt-lang", "de", "--config", "tiny", "--vocab-size", "400",
+            "--batch-tokens", "128", "--max-length", "64", "--shuffle-buffer", "50",
+            "--valid-split", "", *flags]
+
+
+def test_resumes_after_sigkill_at_the_step_reached(tmp_path):
     run = tmp_path / "run"
-    command = [sys.executable, os.path.join(ROOT, "training", "train.py"),
-               "--run-dir", str(run), "--data", f"text:{data}", "--src-lang", "en",
-               "--tgt-lang", "de", "--config", "tiny", "--vocab-size", "400",
-               "--train-steps", "60", "--steps-per-epoch", "30", "--checkpoint-every", "3",
-               "--keep-checkpoints", "3", "--warmup-steps", "50", "--batch-tokens", "128",
-               "--max-length", "64", "--shuffle-buffer", "50", "--valid-split", "",
-               "--verbose", "2"]
+    command = tiny_training(tmp_path, "--train-steps", "60", "--steps-per-epoch", "30",
+                            "--checkpoint-every", "3", "--keep-checkpoints", "3",
+                            "--warmup-steps", "50", "--verbose", "2")
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, env=ENV, cwd=ROOT)
     kill_after_checkpoint(first, str(run / "checkpoints"), 6)
@@ -66,29 +104,52 @@ def test_resumes_after_sigkill_at_the_step_reached(tmp_path):
     third = subprocess.run(uninterrupted, capture_output=True, text=True, env=ENV, cwd=ROOT,
                            timeout=300)
     assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
-    resumed = tf.train.load_checkpoint(str(run / "checkpoints" / "ckpt-60"))
-    straight = tf.train.load_checkpoint(str(whole / "checkpoints" / "ckpt-60"))
-    # Every saved value: weights, Adam's moments, step, dropout seeds, data position.
-    names = [n for n, _ in tf.train.list_variables(str(whole / "checkpoints" / "ckpt-60"))
-             if n != "_CHECKPOINTABLE_OBJECT_GRAPH"]
-    assert len(names) > 50 and "data_position/.ATTRIBUTES/VARIABLE_VALUE" in names
-    largest = 0.0
-    for name in names:
-        a, b = resumed.get_tensor(name), straight.get_tensor(name)
-        if a.dtype.kind == "f":
-            largest = max(largest, float(np.abs(a - b).max()))
-            # Same operations on the same machine: equal up to float32
-            # rounding (a few ulps of the weights' scale).
-            bound = 8 * np.finfo(np.float32).eps * max(1.0, float(np.abs(b).max()))
-            assert np.abs(a - b).max() <= bound, (name, np.abs(a - b).max())
-        else:
-            assert (a == b).all(), name
-    print(f"resumed vs uninterrupted, largest difference of any saved value: {largest!r}")
+    assert_same_checkpoints(str(run / "checkpoints" / "ckpt-60"),
+                            str(whole / "checkpoints" / "ckpt-60"))
 
     # A different corpus or model on the same run directory is refused.
     changed = command[:command.index("--config") + 1] + ["small"] + command[command.index("--config") + 2:]
     refused = subprocess.run(changed, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=120)
     assert refused.returncode == 2 and "'config': ('tiny', 'small')" in refused.stderr
+
+
+def test_sigterm_saves_at_the_next_update_exits_0_and_resumes_exactly(tmp_path):
+    # A preempted machine (spot VM, Kubernetes eviction) gets SIGTERM.
+    run = tmp_path / "run"
+    command = tiny_training(tmp_path, "--train-steps", "24", "--steps-per-epoch", "24",
+                            "--checkpoint-every", "2", "--warmup-steps", "20",
+                            "--input-autotune", "off", "--verbose", "0")
+    # The uninterrupted run alongside, on the other core.
+    whole = tmp_path / "whole"
+    straight = subprocess.Popen([str(whole) if part == str(run) else part for part in command],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=ENV, cwd=ROOT)
+    try:
+        first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, env=ENV, cwd=ROOT)
+        signal_after_checkpoint(first, str(run / "checkpoints"), 2, signal.SIGTERM,
+                                timeout=600)
+        out = first.stdout.read()
+        assert first.returncode == 0, out[-3000:]
+        match = re.search(r"Stopping at step (\d+) on SIGTERM, with the checkpoint (\S+):",
+                          out)
+        assert match, out[-3000:]
+        reached = int(match.group(1))
+        assert 2 <= reached < 24
+        latest = tf.train.latest_checkpoint(str(run / "checkpoints"))
+        assert latest == match.group(2) and latest.endswith(f"ckpt-{reached}")
+        assert f"Training stopped by SIGTERM at step {reached};" in out
+
+        second = subprocess.run(command, capture_output=True, text=True, env=ENV, cwd=ROOT,
+                                timeout=300)
+        assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+        assert f"Resumed from {latest} at step {reached};" in second.stdout
+        assert straight.wait(timeout=300) == 0, straight.stdout.read()[-3000:]
+    finally:
+        if straight.poll() is None:
+            straight.kill()
+    assert_same_checkpoints(str(run / "checkpoints" / "ckpt-24"),
+                            str(whole / "checkpoints" / "ckpt-24"))
 
 
 def test_max_minutes_stops_fit_after_the_time_budget():

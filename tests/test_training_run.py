@@ -66,3 +66,53 @@ def test_resumed_run_reports_its_step_and_data_position(tmp_path, tok):
     assert (again.step, again.data_position, again.skip_batches) == (5, 5, 5)
     assert again.initial_epoch(3) == 1
     assert kt.weights_digest(again.model) == kt.weights_digest(model)
+
+
+def test_a_signal_stops_fit_at_the_next_update_with_a_checkpoint(tmp_path, tok):
+    import signal
+    import threading
+
+    import keras
+    import tensorflow as tf
+
+    from keras_transformer.training.checkpoints import StepCheckpoint
+
+    seen = []
+
+    def script_handler(number, frame):  # the script's own: a second signal reaches it
+        seen.append(number)
+
+    before = signal.signal(signal.SIGINT, script_handler)
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        class Interrupt(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if batch == 1:
+                    signal.raise_signal(signal.SIGINT)
+                    signal.raise_signal(signal.SIGINT)
+
+        config = kt.get_config("tiny", tokenizer=tok)
+        model = compiled(config)
+        run = kt.TrainingRun(tmp_path / "run", model, tokenizer=tok)
+        batches = kt.data.translation_dataset([(s, s) for s in SENTENCES], tok,
+                                              batch_tokens=128, max_length=32, repeat=True,
+                                              seed=1)
+        model.fit(batches, steps_per_epoch=3, epochs=2, verbose=0,
+                  callbacks=[Interrupt(), *run.callbacks(checkpoint_every=0)])
+        assert run.interrupted == "SIGINT" and run.step == 2 and seen == [signal.SIGINT]
+        assert tf.train.latest_checkpoint(run.run.checkpoint_dir).endswith("ckpt-2")
+        assert signal.getsignal(signal.SIGINT) is script_handler
+        assert signal.getsignal(signal.SIGTERM) is sigterm
+        again = kt.TrainingRun(tmp_path / "run", compiled(config), tokenizer=tok)
+        assert (again.step, again.data_position) == (2, 2)
+        assert kt.weights_digest(again.model) == kt.weights_digest(model)
+
+        # Only the main thread may install handlers: elsewhere, none.
+        handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+        callback = StepCheckpoint(again.writer, 0, stop_signals=(signal.SIGTERM, signal.SIGINT))
+        thread = threading.Thread(target=callback.on_train_begin)
+        thread.start()
+        thread.join()
+        assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers
+    finally:
+        signal.signal(signal.SIGINT, before)

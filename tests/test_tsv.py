@@ -174,3 +174,11 @@ def test_data_specs_still_work(tmp_path):
     assert read_pairs(sources.load_pairs(f"text:{tmp_path}", "train", "en", "de")) == [
         ("a", "x"), ("b", "y")]
     assert sorted(sources.SOURCES) == ["builtin", "text", "tfds"]
+
+
+def test_a_nul_byte_names_file_and_line(tmp_path):
+    # UTF-16 text decodes as UTF-8 (ASCII and NUL bytes): the NUL gives it away.
+    path = write(tmp_path / "utf16.tsv", b"ok\tgut\n" + "a\tb\n".encode("utf-16-le"), gz=True)
+    with pytest.raises(TextFileError, match=r"utf16\.tsv, line 2: a NUL byte at byte 1 "
+                                            r".*source<TAB>target"):
+        sources.count_pairs(tsv=path)

@@ -1,7 +1,8 @@
 """Average K checkpoints of a run into run_dir/averaged/: the last K training
 checkpoints (paper 6.1: 5 for base, 20 for big) or, with --from best, the
 best K by the validation metric from run_dir/best/. Evaluation and export then
-use the average (--checkpoint auto) until training goes on past it."""
+use the average (--checkpoint auto) until training goes on past it. The run
+directory is locked while averaging: not while kt-train trains in it."""
 
 import argparse
 import os
@@ -40,6 +41,8 @@ def main(argv=None):
         return 2
     run = RunDirectory(args.run_dir)
     try:
+        if os.path.isdir(run.path):  # a missing one is said below, not created
+            run.lock("averaging")  # not while kt-train writes and deletes checkpoints
         output, inputs = average_checkpoints(run, args.num, args.checkpoints,
                                              allow_fewer=args.allow_fewer, source=args.source)
         _, reason = run.resolve_checkpoint(output)

@@ -49,7 +49,11 @@ def build_parser():
             "  TF_CONFIG='{\"cluster\":{\"worker\":[\"h1:2222\",\"h2:2222\"]},"
             "\"task\":{\"type\":\"worker\",\"index\":0}}' \\\n"
             "      kt-train --strategy multi_worker_mirrored ...  (same on h2 with index 1)\n"
-            "  kt-average --run-dir runs/wmt --num 5"
+            "  kt-average --run-dir runs/wmt --num 5\n"
+            "\n"
+            "SIGTERM (a preempted spot VM, a Kubernetes eviction) or Ctrl-C saves a checkpoint "
+            "at the next update and exits 0; rerun the same command to resume exactly "
+            "(docs/training.md, Preemptible machines)."
         ),
     )
     p.add_argument("--run-dir", required=True, help="run directory (created or resumed)")

@@ -1,10 +1,11 @@
 """Parallel text files: one sentence per line, source and target files line
 by line aligned, optionally gzipped. TensorFlow-only module.
 
-The files are checked once in Python (each line must decode as UTF-8, both
-files must exist, be non-empty and have the same number of lines), with
-errors naming the file and the line; the dataset itself then streams them
-with `tf.data.TextLineDataset`, so corpora larger than memory work.
+The files are checked once in Python (each line must decode as UTF-8 and
+hold no NUL byte, both files must exist, be non-empty and have the same
+number of lines), with errors naming the file and the line; the dataset
+itself then streams them with `tf.data.TextLineDataset`, so corpora larger
+than memory work.
 
 A directory of such files (the Multi30k layout)::
 
@@ -50,11 +51,13 @@ def _open_binary(path, gzipped=None):
 def checked_lines(path, expected="UTF-8 text, one sentence per line"):
     """Yields `(line_number, line)` of a (possibly gzipped) file, 1-based,
     each `line` the raw `bytes` (line end included), checked to decode as
-    UTF-8.
+    UTF-8 and to hold no NUL byte (the mark of UTF-16 text or binary data,
+    never of a sentence).
 
     Raises `TextFileError` naming the file (and the line) when it is missing,
-    not valid gzip, or a line is not valid UTF-8; `expected` completes the
-    UTF-8 error's "Expected ..." sentence. An empty file yields nothing.
+    not valid gzip, or a line is not valid UTF-8 or holds a NUL byte;
+    `expected` completes the line errors' "Expected ..." sentence. An empty
+    file yields nothing.
     """
     if not os.path.isfile(path):
         raise TextFileError(f"{path}: no such file.")
@@ -69,6 +72,13 @@ def checked_lines(path, expected="UTF-8 text, one sentence per line"):
                         f"{e.start}: {line[max(0, e.start - 10):e.start + 10]!r}). Expected "
                         f"{expected}."
                     ) from None
+                if b"\0" in line:
+                    at = line.index(b"\0")
+                    raise TextFileError(
+                        f"{path}, line {number}: a NUL byte at byte {at} "
+                        f"({line[max(0, at - 10):at + 10]!r}): a binary or UTF-16 file? "
+                        f"Expected {expected}."
+                    )
                 yield number, line
     except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError.
         raise TextFileError(f"{path}: cannot be read as a text or gzip file ({e}).") from None
@@ -78,7 +88,8 @@ def count_lines(path):
     """Number of lines of a (possibly gzipped) UTF-8 text file.
 
     Raises `TextFileError` naming the file (and the line, 1-based) when it is
-    missing, empty, not valid gzip, or a line is not valid UTF-8.
+    missing, empty, not valid gzip, or a line is not valid UTF-8 or holds a
+    NUL byte.
     """
     count = sum(1 for _ in checked_lines(path))
     if count == 0:

@@ -7,7 +7,7 @@ Rules, checked once in Python by `count_pairs` (errors name the file and the
 - every line holds exactly one tab, so two fields (an empty field is
   allowed); a line with no tab or with several is an error that gives the
   number of fields found and the line's start;
-- every line decodes as UTF-8;
+- every line decodes as UTF-8 and holds no NUL byte;
 - the file is not empty;
 - `\\n` or `\\r\\n` line ends (every `\\r` is dropped, as for text files).
 
@@ -42,8 +42,9 @@ def count_pairs(path):
 
     Raises `TextFileError` (a `ValueError`) naming the file: missing, not
     readable as text or gzip, or empty; `TextFileError` naming the file and
-    the line for invalid UTF-8; `TsvError` naming the file, the line, the
-    number of fields found and an excerpt for a line without exactly one tab.
+    the line for invalid UTF-8 or a NUL byte; `TsvError` naming the file,
+    the line, the number of fields found and an excerpt for a line without
+    exactly one tab.
     """
     count = 0
     for count, raw in checked_lines(path, expected="UTF-8 text, one `source<TAB>target` "

@@ -232,16 +232,23 @@ def train(config, callbacks=()):
         # its first pass ends, which is how it learns that length. A false
         # alarm, fixed upstream in keras-team/keras#23360.
         warnings.filterwarnings("ignore", message="Your input ran out of data")
-        model.fit(
-            train_ds,
-            validation_data=val_ds,
-            steps_per_epoch=config.steps_per_epoch * accumulation,
-            initial_epoch=initial_epoch,
-            epochs=epochs,
-            callbacks=[*run_callbacks, *callbacks],
-            verbose=config.verbose if chief else 0,
-            shuffle=False,  # the pipeline shuffles (shuffle_buffer)
-        )
+        try:
+            model.fit(
+                train_ds,
+                validation_data=val_ds,
+                steps_per_epoch=config.steps_per_epoch * accumulation,
+                initial_epoch=initial_epoch,
+                epochs=epochs,
+                callbacks=[*run_callbacks, *callbacks],
+                verbose=config.verbose if chief else 0,
+                shuffle=False,  # the pipeline shuffles (shuffle_buffer)
+            )
+        finally:
+            state.step_checkpoint.restore_signal_handlers()
+    if state.interrupted:
+        print(f"Training stopped by {state.interrupted} at step {optimizer_step(optimizer)}; "
+              "run the same command again to resume.", flush=True)
+        return model
     counts = length_filter.counts()
     print(f"Training finished at step {optimizer_step(optimizer)}; weights sha256 "
           f"{weights_digest(model)}; training pairs dropped for length: {counts['dropped']} "

@@ -18,7 +18,9 @@ import json
 import os
 import re
 import shutil
+import signal
 import tempfile
+import threading
 
 import keras
 import numpy as np
@@ -89,24 +91,65 @@ class CheckpointWriter:
         return path
 
 
+# What a preempted machine (spot VM, Kubernetes eviction) and Ctrl-C send.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 class StepCheckpoint(keras.callbacks.Callback):
-    """Saves every `every_steps` optimizer updates and at the end of training.
+    """Saves every `every_steps` optimizer updates and at the end of training,
+    and stops training with a checkpoint on one of `stop_signals`.
+
+    With `stop_signals` (e.g. `STOP_SIGNALS`), `fit` installs handlers for
+    them as it begins, when it runs in the main thread (the only one that
+    may; elsewhere it installs none). A handler only notes the signal and
+    puts back the handlers that were there before, so a second signal gets
+    the old behaviour (by default SIGTERM ends the process and SIGINT raises
+    `KeyboardInterrupt`). At the next update boundary (the first batch end
+    at which the optimizer step has moved) the callback saves through the
+    writer and sets `model.stop_training`: `fit` returns, nothing trained is
+    lost, and a rerun resumes exactly. The earlier handlers are back when
+    `fit` ends (if `fit` raises instead, call `restore_signal_handlers`).
 
     Args:
         writer: a `CheckpointWriter`.
         every_steps: checkpoint interval in updates (0: only at the end).
+        stop_signals: signal numbers to stop on (empty: none handled).
+
+    Attributes: `stopped_by`, the name of the signal that stopped training
+    (e.g. "SIGTERM"), else None; `stopped_at`, the checkpoint it saved.
     """
 
-    def __init__(self, writer, every_steps):
+    def __init__(self, writer, every_steps, stop_signals=()):
         super().__init__()
         if every_steps < 0:
             raise ValueError(f"`every_steps` must be >= 0, received {every_steps}.")
         self.writer = writer
         self.every_steps = every_steps
+        self.stop_signals = tuple(stop_signals)
         self.last_saved = None
+        self.last_step = None
+        self.received = None
+        self.stopped_by = None
+        self.stopped_at = None
+        self._previous_handlers = {}
 
     def on_train_begin(self, logs=None):
-        self.last_saved = optimizer_step(self.writer.optimizer)
+        self.last_saved = self.last_step = optimizer_step(self.writer.optimizer)
+        self.received = self.stopped_by = self.stopped_at = None
+        if self.stop_signals and threading.current_thread() is threading.main_thread():
+            for number in self.stop_signals:
+                self._previous_handlers[number] = signal.signal(number, self._note_signal)
+
+    def _note_signal(self, number, frame):
+        self.received = number
+        self.restore_signal_handlers()
+
+    def restore_signal_handlers(self):
+        """Puts back the handlers `fit` found (a no-op when none are ours)."""
+        while self._previous_handlers:
+            number, handler = self._previous_handlers.popitem()
+            # None: a handler installed outside Python, which cannot be put back.
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)
 
     def _save(self):
         step = optimizer_step(self.writer.optimizer)
@@ -117,13 +160,21 @@ class StepCheckpoint(keras.callbacks.Callback):
                 print(f"\nSaved checkpoint {path}", flush=True)
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.every_steps:
-            step = optimizer_step(self.writer.optimizer)
-            if step % self.every_steps == 0:
-                self._save()
+        step = optimizer_step(self.writer.optimizer)
+        if self.every_steps and step % self.every_steps == 0:
+            self._save()
+        moved, self.last_step = step != self.last_step, step
+        if self.received is not None and moved and self.stopped_by is None:
+            self._save()
+            self.model.stop_training = True
+            self.stopped_by = signal.Signals(self.received).name
+            self.stopped_at = self.writer.manager.latest_checkpoint
+            print(f"\nStopping at step {step} on {self.stopped_by}, with the checkpoint "
+                  f"{self.stopped_at}: run again to resume.", flush=True)
 
     def on_train_end(self, logs=None):
         self._save()
+        self.restore_signal_handlers()
 
 
 def checkpoint_step(prefix):

@@ -17,6 +17,7 @@ import tensorflow as tf
 from keras_transformer.run_directory import RunDirectory
 from keras_transformer.training import callbacks as cb
 from keras_transformer.training.checkpoints import (
+    STOP_SIGNALS,
     CheckpointWriter,
     StepCheckpoint,
     build_for_restore,
@@ -27,7 +28,7 @@ from keras_transformer.training.moving_average import (
     moving_average_optimizer,
 )
 from keras_transformer.training.selection import BestCheckpoints, ValidationBleu
-from keras_transformer.training.strategy import is_chief, replicas_per_worker
+from keras_transformer.training.strategy import is_chief, one_worker, replicas_per_worker
 
 
 def weights_digest(model):
@@ -92,7 +93,10 @@ class TrainingRun:
     pipeline with `skip_batches=run.skip_batches`, and call `model.fit` with
     `initial_epoch=run.initial_epoch(steps_per_epoch)` and
     `callbacks=run.callbacks(...)`: a killed script rerun the same way ends
-    with the weights of an uninterrupted run.
+    with the weights of an uninterrupted run. SIGTERM or SIGINT (a preempted
+    machine, Ctrl-C) during `fit` saves a checkpoint at the next update and
+    stops `fit`, which returns (`interrupted` names the signal); a second
+    one gets the handler of before (`StepCheckpoint`).
 
     One process at a time trains in a run directory: another one gets a
     `ValueError` naming it (`RunDirectory.lock`).
@@ -113,7 +117,8 @@ class TrainingRun:
     Attributes: `run` (a `RunDirectory`), `restored` (the checkpoint
     restored, or None), `step` (the optimizer step reached),
     `data_position` (micro-batches already taken), `skip_batches` (what this
-    worker's pipeline skips), `selection` (the `BestCheckpoints`, once made).
+    worker's pipeline skips), `selection` (the `BestCheckpoints`, once made),
+    `interrupted` (the signal that stopped the last `fit`, or None).
 
     Example:
 
@@ -168,6 +173,7 @@ class TrainingRun:
                                                 if id(v) not in weights]
         self.restored = self.writer.restore_latest()
         self.selection = None
+        self.step_checkpoint = None
 
     def _write_run_files(self, tokenizer, target_tokenizer):
         config = self.model.config
@@ -189,6 +195,12 @@ class TrainingRun:
                                  "kt.get_config(..., tokenizer=...).")
         self.run.save_tokenizers(tokenizer, None if shared else target_tokenizer)
         self.run.save_config(config)  # last: `run.exists()` means complete.
+
+    @property
+    def interrupted(self):
+        """The name of the signal ("SIGTERM", "SIGINT") that stopped the
+        last `fit` with a checkpoint, or None."""
+        return self.step_checkpoint.stopped_by if self.step_checkpoint is not None else None
 
     @property
     def step(self):
@@ -224,7 +236,7 @@ class TrainingRun:
     def callbacks(self, train_steps=None, checkpoint_every=1000, max_minutes=None,
                   log_every=100, length_filter=None, steps_per_execution=1,
                   translator=None, bleu_sources=None, bleu_references=None,
-                  keep_best=0, best_metric=None, patience=None):
+                  keep_best=0, best_metric=None, patience=None, stop_on_signals=True):
         """The callbacks for `model.fit`, in the order they must run.
 
         Args:
@@ -240,6 +252,9 @@ class TrainingRun:
             keep_best: keep the best K validated checkpoints (0: none).
             best_metric: "bleu" (default with a translator) or "loss".
             patience: stop after this many validations without a new best.
+            stop_on_signals: on SIGTERM or SIGINT, save at the next update
+                and stop `fit` (`StepCheckpoint`); not across several
+                workers, which would have to save at one step together.
 
         With an optimizer made with `use_ema=True`, validation, validation
         BLEU and the best checkpoints see its moving average of the weights
@@ -249,12 +264,14 @@ class TrainingRun:
         Returns: a list of `keras.callbacks.Callback`.
         """
         log_dir = self.run.log_dir if self.chief else None
+        signals = STOP_SIGNALS if stop_on_signals and one_worker(self.strategy) else ()
+        self.step_checkpoint = StepCheckpoint(self.writer, checkpoint_every, signals)
         callbacks = [
             # Counted before the checkpoint callback saves it.
             self.position.callback(steps_per_execution),
             *([cb.StopAtStep(train_steps)] if train_steps else []),
             *([cb.StopAfterTime(max_minutes * 60)] if max_minutes else []),
-            StepCheckpoint(self.writer, checkpoint_every),
+            self.step_checkpoint,
             cb.TrainingLogger(log_dir, log_every, length_filter),
         ]
         if translator is not None:

@@ -105,6 +105,12 @@ def is_chief(strategy):
     return resolver.task_type == "worker" and resolver.task_id == 0 and not has_chief
 
 
+def one_worker(strategy):
+    """True unless `strategy` runs on a cluster of workers (TF_CONFIG)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return resolver is None or not resolver.task_type
+
+
 def worker_id(strategy):
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not resolver.task_type:

@@ -21,29 +21,37 @@ def write_corpus(directory, n=120):
                 f.write("\n".join(text) + "\n")
 
 
-def kill_after_checkpoint(process, checkpoint_dir, min_step, timeout=240):
-    """Sends SIGKILL to `process` (a `Popen` training into `checkpoint_dir`)
-    as soon as the directory's latest complete checkpoint (the one its
-    `checkpoint` state file names, written last) is of step `min_step` or
-    later, and waits for it to die. Fails the test if the process ended by
-    itself first (nothing was interrupted)."""
-    import signal
+def signal_after_checkpoint(process, checkpoint_dir, min_step, number, timeout=240):
+    """Sends signal `number` to `process` (a `Popen` training into
+    `checkpoint_dir`) as soon as the directory's latest complete checkpoint
+    (the one its `checkpoint` state file names, written last) is of step
+    `min_step` or later, and waits for the process to end. Fails the test if
+    it ended by itself first (nothing was interrupted)."""
     import time
 
     import tensorflow as tf
 
     deadline = time.time() + timeout
     try:
-        while time.time() < deadline and process.poll() is None:
+        reached = False
+        while time.time() < deadline and process.poll() is None and not reached:
             latest = (tf.train.latest_checkpoint(checkpoint_dir)
                       if os.path.isdir(checkpoint_dir) else None)
-            if latest and int(latest.rsplit("-", 1)[1]) >= min_step:
-                break
-            time.sleep(0.05)
-        assert process.poll() is None, "the run ended before it could be killed"
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=30)
+            reached = bool(latest) and int(latest.rsplit("-", 1)[1]) >= min_step
+            if not reached:
+                time.sleep(0.05)
+        assert process.poll() is None, "the run ended before it could be signalled"
+        assert reached, f"no checkpoint of step {min_step} or later within {timeout} s"
+        process.send_signal(number)
+        process.wait(timeout=timeout)
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def kill_after_checkpoint(process, checkpoint_dir, min_step, timeout=240):
+    """`signal_after_checkpoint` with SIGKILL, which the process must die of."""
+    import signal
+
+    signal_after_checkpoint(process, checkpoint_dir, min_step, signal.SIGKILL, timeout)
     assert process.returncode == -signal.SIGKILL
