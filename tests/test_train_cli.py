@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import keras_transformer as kt
@@ -113,6 +114,7 @@ def test_resumes_after_sigkill_at_the_step_reached(tmp_path):
     assert refused.returncode == 2 and "'config': ('tiny', 'small')" in refused.stderr
 
 
+@pytest.mark.slow  # three kt-train processes; tests/test_training_run.py covers the stop
 def test_sigterm_saves_at_the_next_update_exits_0_and_resumes_exactly(tmp_path):
     # A preempted machine (spot VM, Kubernetes eviction) gets SIGTERM.
     run = tmp_path / "run"
