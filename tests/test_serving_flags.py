@@ -254,8 +254,15 @@ def test_grpc_over_tls_with_client_certificates_and_health(tmp_path, pki):
             with pytest.raises(grpc.RpcError) as raised:
                 _health(channel, "other")
             assert raised.value.code() == grpc.StatusCode.NOT_FOUND
-            # No model version available: not serving.
+            from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+            watch = health_pb2_grpc.HealthStub(channel).Watch(
+                health_pb2.HealthCheckRequest(service=""), timeout=10)
+            assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+            # No model version available: not serving, for Watch without a Check too.
             serving.models.replace({}, {})
+            assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            watch.cancel()
             assert _health(channel) == "NOT_SERVING" and _health(channel, "m") == "NOT_SERVING"
         for channel in (_channel(target, pki, client_certificate=False),
                         grpc.insecure_channel(target)):
@@ -311,7 +318,7 @@ def server(tmp_path_factory, pki):
         "--model-config-file", str(config), "--port", "0",
         "--ssl-config-file", _ssl_config(directory / "ssl.config", pki),
         "--enable-grpc-healthcheck-service", "--rest-api-enable-cors-support",
-        "--allowed-hosts", "127.0.0.1,localhost"])
+        "--allowed-hosts", "127.0.0.1,localhost"], timeout=600)
     try:
         yield {"url": url, "target": process.grpc_target, "base": os.path.dirname(export)}
     finally:

@@ -22,8 +22,9 @@ are relative to the file's directory), with its version policy (`latest`,
 (`/v1/models/NAME/labels/LABEL`). With a poll interval the file is read
 again when it changes: new models load, removed ones unload, and policies
 and labels change in place; a file that no longer parses leaves the served
-models as they were (logged). Parsing needs TF Serving's protos
-(`tensorflow-serving-api`, the `grpc` extra).
+models as they were (logged). A gRPC `HandleReloadConfigRequest` applies
+its config the same way (`ModelConfigWatcher.reload`). Parsing needs TF
+Serving's protos (`tensorflow-serving-api`, the `grpc` extra).
 """
 
 import collections
