@@ -98,6 +98,19 @@ def build_parser():
     parser.add_argument("--port", type=_at_least(0), default=None,
                         help="gRPC port (TF Serving's PredictionService and ModelService); "
                         "0 picks a free one; default: no gRPC (needs the grpc extra)")
+    security = parser.add_argument_group("access")
+    security.add_argument("--allowed-hosts", metavar="HOSTS",
+                          help="comma-separated Host headers REST answers, e.g. "
+                          "localhost,127.0.0.1 or *.example.com; others get 400 (against DNS "
+                          "rebinding; default: any)")
+    security.add_argument("--rest-api-enable-cors-support", action="store_true",
+                          help="answer CORS preflights and allow any origin on REST")
+    security.add_argument("--ssl-config-file",
+                          help="TF Serving's SSLConfig text file: TLS on the gRPC port, "
+                          "client certificates with client_verify (needs --port)")
+    security.add_argument("--enable-grpc-healthcheck-service", action="store_true",
+                          help="the standard gRPC health service (grpc.health.v1) on --port: "
+                          "SERVING while a model version is available")
     parser.add_argument("--monitoring-config-file",
                         help="TF Serving's MonitoringConfig text file: prometheus_config "
                         "{enable, path} (default: metrics at /monitoring/prometheus/metrics)")
@@ -212,6 +225,12 @@ def serve(argv=None):
     if args.model_config_file and args.model_base_path:
         parser.error("--model-base-path goes with --model-name; a config file names each "
                      "model's base_path")
+    for flag, given in (("--ssl-config-file", args.ssl_config_file),
+                        ("--enable-grpc-healthcheck-service",
+                         args.enable_grpc_healthcheck_service)):
+        if given and args.port is None:
+            parser.error(f"{flag} is for the gRPC port: give --port too")
+    from keras_transformer.serving import security
     from keras_transformer.serving.app import (
         ServingApp,
         bind,
@@ -231,6 +250,14 @@ def serve(argv=None):
 
     configure_logging()
     metrics_path = _metrics_path(args.monitoring_config_file)
+    allowed_hosts = (security.parse_allowed_hosts(args.allowed_hosts)
+                     if args.allowed_hosts is not None else None)
+    credentials = (security.grpc_server_credentials(args.ssl_config_file)
+                   if args.ssl_config_file else None)
+    if args.enable_grpc_healthcheck_service:
+        from keras_transformer.serving.grpc_admin import health_imports
+
+        health_imports()
     metrics = Metrics()
     load = version_loader(args.engine, args.ctranslate2_compute_type, args.ctranslate2_threads,
                           args.ctranslate2_inter_threads, args.ctranslate2_vocabulary_map)
@@ -272,7 +299,9 @@ def serve(argv=None):
                 return None
             from keras_transformer.serving.grpc_service import start_grpc_server
 
-            server, port = start_grpc_server(app, loop, args.rest_api_host, args.port)
+            server, port = start_grpc_server(
+                app, loop, args.rest_api_host, args.port, credentials=credentials,
+                config_watcher=watcher, health=args.enable_grpc_healthcheck_service)
             grpc_address["port"] = port
             return lambda: server.stop(1)
 
@@ -287,7 +316,9 @@ def serve(argv=None):
                 print(f"kt-serve: serving {name} version {served.version} at "
                       f"{url_of(sock)}", flush=True)
 
-        run_server(app.app, sock, ready, header_timeout=args.request_header_timeout_seconds,
+        http_app = security.http_middleware(app.app, args.rest_api_enable_cors_support,
+                                            allowed_hosts)
+        run_server(http_app, sock, ready, header_timeout=args.request_header_timeout_seconds,
                    max_connections=args.max_connections, on_start=on_start,
                    max_header_bytes=args.max_header_bytes, max_url_bytes=args.max_url_bytes)
     finally:

@@ -7,8 +7,9 @@ A Predict runs through the REST server's `ServingApp.run_predict` on its
 event loop: the same limits, queues, batching, deadline and metrics
 (entrypoint "GRPC"). Errors are TF Serving's canonical codes: the REST
 answer's HTTP status maps back to its code (400 INVALID_ARGUMENT, 404
-NOT_FOUND, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED). Classify, Regress,
-MultiInference and HandleReloadConfigRequest answer UNIMPLEMENTED.
+NOT_FOUND, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED). HandleReloadConfigRequest
+and the health service are `grpc_admin`'s; Classify, Regress and
+MultiInference answer UNIMPLEMENTED.
 """
 
 import asyncio
@@ -17,6 +18,7 @@ import logging
 import os
 import time
 
+from keras_transformer.serving import grpc_admin
 from keras_transformer.serving.rest_api import DEFAULT_SIGNATURE, RestError, tf_type_name
 
 LOGGER = logging.getLogger("kt-serve")
@@ -270,9 +272,13 @@ class GrpcServices:
         return response
 
 
-def start_grpc_server(serving_app, loop, host, port, max_workers=16):
+def start_grpc_server(serving_app, loop, host, port, max_workers=16, credentials=None,
+                      config_watcher=None, health=False):
     """Starts the gRPC services of `serving_app` on `host:port` (0: a free
-    port).
+    port): over TLS with `credentials` (`grpc.ServerCredentials`), else
+    in the clear; HandleReloadConfigRequest through `config_watcher` (a
+    `models.ModelConfigWatcher`; None: it answers FAILED_PRECONDITION);
+    with `health`, the gRPC health service (`grpc_admin`).
 
     Returns: `(server, port)`; stop it with `server.stop(grace)`.
     Raises: `ImportError` without the `grpc` extra; `ValueError` when the
@@ -292,6 +298,9 @@ def start_grpc_server(serving_app, loop, host, port, max_workers=16):
         def GetModelStatus(self, request, context):  # noqa: N802
             return services.get_model_status(request, context)
 
+        def HandleReloadConfigRequest(self, request, context):  # noqa: N802
+            return grpc_admin.reload_config(config_watcher, request, context, grpc)
+
     limit = serving_app.max_request_bytes
     server = grpc.server(
         concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="kt-serve-grpc"),
@@ -301,12 +310,17 @@ def start_grpc_server(serving_app, loop, host, port, max_workers=16):
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
         PredictionService(), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(), server)
+    follow_health = grpc_admin.add_health_service(server, serving_app.models) if health \
+        else None
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        bound = (server.add_insecure_port(address) if credentials is None
+                 else server.add_secure_port(address, credentials))
     except RuntimeError:
         bound = 0
     if bound == 0:
         raise ValueError(f"Cannot listen for gRPC on {address}.")
     server.start()
+    if follow_health is not None:
+        follow_health()
     return server, bound

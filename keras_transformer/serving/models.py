@@ -22,8 +22,9 @@ are relative to the file's directory), with its version policy (`latest`,
 (`/v1/models/NAME/labels/LABEL`). With a poll interval the file is read
 again when it changes: new models load, removed ones unload, and policies
 and labels change in place; a file that no longer parses leaves the served
-models as they were (logged). Parsing needs TF Serving's protos
-(`tensorflow-serving-api`, the `grpc` extra).
+models as they were (logged). A gRPC `HandleReloadConfigRequest` applies
+its config the same way (`ModelConfigWatcher.reload`). Parsing needs TF
+Serving's protos (`tensorflow-serving-api`, the `grpc` extra).
 """
 
 import collections
@@ -96,12 +97,7 @@ def read_model_config(path):
     error) for a file that does not parse or asks for what kt-serve does
     not serve; `ImportError` without tensorflow-serving-api.
     """
-    try:
-        from google.protobuf import text_format
-        from tensorflow_serving.config import model_server_config_pb2
-    except ImportError:
-        raise ImportError("--model-config-file needs TF Serving's protos: pip install "
-                          "'attention-transformer-keras[grpc]'") from None
+    model_server_config_pb2, text_format = _config_protos()
     with open(path, encoding="utf-8") as f:
         text = f.read()
     config = model_server_config_pb2.ModelServerConfig()
@@ -109,13 +105,34 @@ def read_model_config(path):
         text_format.Parse(text, config)
     except text_format.ParseError as e:
         raise ValueError(f"--model-config-file {path}: {e}") from None
+    return model_entries(config, os.path.dirname(os.path.abspath(path)),
+                         f"--model-config-file {path}")
+
+
+def _config_protos():
+    try:
+        from google.protobuf import text_format
+        from tensorflow_serving.config import model_server_config_pb2
+    except ImportError:
+        raise ImportError("--model-config-file needs TF Serving's protos: pip install "
+                          "'attention-transformer-keras[grpc]'") from None
+    return model_server_config_pb2, text_format
+
+
+def model_entries(config, directory, source):
+    """The models of a `ModelServerConfig` proto, relative base paths
+    joined to `directory`.
+
+    Returns: a list of `ModelEntry`.
+    Raises: `ValueError` starting with `source` (where the config came
+    from) for what kt-serve does not serve.
+    """
     if config.WhichOneof("config") == "custom_model_config":
-        raise ValueError(f"--model-config-file {path}: custom_model_config is not served; "
+        raise ValueError(f"{source}: custom_model_config is not served; "
                          "use model_config_list.")
-    directory = os.path.dirname(os.path.abspath(path))
     entries, seen = [], set()
     for i, model in enumerate(config.model_config_list.config):
-        where = f"--model-config-file {path}: config {i + 1}"
+        where = f"{source}: config {i + 1}"
         if not model.name:
             raise ValueError(f"{where}: name is empty.")
         where += f" ({model.name})"
@@ -131,7 +148,7 @@ def read_model_config(path):
                                   _policy(model.model_version_policy, where),
                                   dict(model.version_labels)))
     if not entries:
-        raise ValueError(f"--model-config-file {path}: model_config_list names no model.")
+        raise ValueError(f"{source}: model_config_list names no model.")
     return entries
 
 
@@ -169,6 +186,7 @@ class ModelConfigWatcher:
         self._entries = {}
         self._stamp = None
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # the poll thread and gRPC reloads apply in turn
         self._thread = None
 
     def start(self):
@@ -177,7 +195,8 @@ class ModelConfigWatcher:
         Raises: `ValueError` for a bad file, `NoServableVersion` naming the
         model that has no loadable version.
         """
-        self._apply(read_model_config(self.path), at_start=True)
+        with self._lock:
+            self._apply(read_model_config(self.path), at_start=True)
         self._stamp = self._read_stamp()
         if self.poll_wait_seconds > 0:
             self._thread = threading.Thread(target=self._poll, name="kt-serve-config",
@@ -194,8 +213,36 @@ class ModelConfigWatcher:
         except OSError:
             return None
 
+    def reload(self, config):
+        """Serves the models of `config`, a `ModelServerConfig` proto (a
+        gRPC `HandleReloadConfigRequest`), as a changed file would be:
+        relative base paths are relative to the file's directory.
+
+        Returns: `{name: exception}` of the models that did not load (the
+        others are served).
+        Raises: `ValueError` naming what is wrong with `config`; nothing
+        changes then.
+        """
+        entries = model_entries(config, os.path.dirname(os.path.abspath(self.path)),
+                                "ReloadConfigRequest")
+        LOGGER.info("Reloading the model config from a ReloadConfigRequest")
+        return self._reload(entries)
+
+    def _reload(self, entries):
+        with self._lock:
+            failures = self._apply(entries)
+            for manager in self.models.managers():
+                try:
+                    manager.poll_once()
+                except Exception:
+                    LOGGER.exception("Applying the new version policy of %s failed",
+                                     manager.name)
+        return failures
+
     def _apply(self, entries, at_start=False):
-        managers, labels = {}, {}
+        """Serves `entries`; returns `{name: exception}` of the models
+        that did not load (raises at start)."""
+        managers, labels, failures = {}, {}, {}
         for entry in entries:
             old = self._entries.get(entry.name)
             manager = self.models.get(entry.name)
@@ -210,6 +257,7 @@ class ModelConfigWatcher:
                         raise type(e)(f"model {entry.name}: {e}") from None
                     LOGGER.error("Model %s from %s does not load: %s", entry.name,
                                  self.path, e)
+                    failures[entry.name] = e
                     continue
             managers[entry.name] = manager
             labels[entry.name] = entry.labels
@@ -220,6 +268,7 @@ class ModelConfigWatcher:
             manager.stop()
             manager.unload_all()
         self._entries = {e.name: e for e in entries if e.name in managers}
+        return failures
 
     def _poll(self):
         while not self._stop.wait(self.poll_wait_seconds):
@@ -233,13 +282,7 @@ class ModelConfigWatcher:
                 LOGGER.error("The model config file changed but is not used: %s", e)
                 continue
             LOGGER.info("Reloading the model config file %s", self.path)
-            self._apply(entries)
-            for manager in self.models.managers():
-                try:
-                    manager.poll_once()
-                except Exception:
-                    LOGGER.exception("Applying the new version policy of %s failed",
-                                     manager.name)
+            self._reload(entries)
 
 
 def single_model(name, manager):
