@@ -29,6 +29,8 @@ SUBCOMMANDS = {
     "serve-load": ("serve_load", "kt-serve under load and faults, batching on and off"),
     "serve-engines": ("serve_engines", "kt-serve on the SavedModel and on CTranslate2: "
                                        "agreement, server overhead, load"),
+    "model-card": ("model_card", "a shipped model's card figures for both engines: "
+                                 "scores, latency, sentences/s, size"),
     "serve-work": ("serve_work", "the memory one unit of kt-serve's request work costs "
                                  "on an export"),
     "search-quality": ("search_quality", "beam search vs exhaustive search, and Model Garden's"),

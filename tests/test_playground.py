@@ -253,9 +253,15 @@ def test_playground_translates_an_example(browser, server, info, model_dir, tmp_
     severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert severe == []
 
+    save_screenshot(browser, tmp_path_factory, "screenshot")
+
+
+def save_screenshot(browser, tmp_path_factory, folder):
+    """The whole page as a PNG, at KT_PLAYGROUND_SCREENSHOT or in a pytest
+    folder named `folder`."""
     fit_window_to_page(browser)
     path = os.environ.get("KT_PLAYGROUND_SCREENSHOT") or str(
-        tmp_path_factory.mktemp("screenshot") / "playground.png")
+        tmp_path_factory.mktemp(folder) / "playground.png")
     assert browser.save_screenshot(path)
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -349,5 +355,37 @@ def test_the_playground_works_on_a_ctranslate2_export(browser, tmp_path_factory)
         assert scores == pytest.approx(answer["scores"][0], rel=RTOL)
         severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
         assert severe == []
+    finally:
+        stop_server(process)
+
+
+def test_the_shipped_model_translates_a_typed_caption_into_german(browser, tmp_path_factory):
+    """kt-serve on saved_models/multi30k_en_de, as the README's "Try a
+    trained model" starts it: a typed English caption comes back in German
+    (the words a German caption of it is made of); the README's picture is
+    this page (KT_PLAYGROUND_SCREENSHOT)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from test_shipped_model import assert_german
+
+    from support.processes import ROOT
+
+    process, url = start_server(["--model-name", "en_de", "--model-base-path",
+                                 os.path.join(ROOT, "saved_models", "multi30k_en_de")])
+    try:
+        import requests
+
+        info = requests.get(url + "/playground/info", timeout=30).json()
+        server = (url, "en_de")
+        open_page(browser, server, info)
+        text = "A man is riding a bicycle down the street."
+        box = browser.find_element(By.ID, "source")
+        box.clear()
+        box.send_keys(text + Keys.ENTER)
+        best, _, _ = check_results(browser, server, info, text)
+        assert_german([best])
+        severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        assert severe == []
+        save_screenshot(browser, tmp_path_factory, "shipped-screenshot")
     finally:
         stop_server(process)

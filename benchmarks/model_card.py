@@ -1,0 +1,152 @@
+"""The figures of a shipped model's card, for both engines: scores on the
+Multi30k validation and test_2016_flickr splits (sacreBLEU with its
+signature, chrF, and the Multi30k papers' tokenized BLEU), one-sentence
+latency and sentences/s on one thread, the size in parameters and on disk.
+
+    python -m benchmarks model-card --saved-model saved_models/multi30k_en_de \
+        --ctranslate2-model saved_models/multi30k_en_de_ct2 \
+        --data ../shared/data/multi30k
+
+Each engine translates every split with its export's defaults (beam,
+alpha, extra length), batches of `--batch-size` sentences. Latency: each of
+the first `--singles` validation sentences alone, p50 and p95; throughput:
+the first `--throughput-sentences` validation sentences in batches of
+`--batch-size`. The engines alternate for `--rounds` rounds, and each
+figure is the median over rounds. TensorFlow and CTranslate2 run on one
+thread each (`--threads`).
+
+Writes `benchmarks/results/<cpu>_<date>_<commit>_model-card.json`; the
+model card's figures are read from that file (tests/test_shipped_model.py
+checks them against it).
+"""
+
+import argparse
+import gzip
+import os
+import statistics
+import time
+
+from benchmarks import provenance
+
+SPLITS = ("val", "test_2016_flickr")
+
+
+def read_lines(data, split, lang):
+    for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
+        path = os.path.join(data, name)
+        if os.path.exists(path):
+            opener = gzip.open if name.endswith(".gz") else open
+            with opener(path, "rt", encoding="utf-8") as f:
+                return [line.rstrip("\n") for line in f]
+    raise FileNotFoundError(f"no {split}.{lang}[.gz] in {data}")
+
+
+def directory_bytes(path):
+    return sum(os.path.getsize(os.path.join(root, name))
+               for root, _, names in os.walk(path) for name in names)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks model-card",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--saved-model", required=True, help="the SavedModel's base path")
+    parser.add_argument("--ctranslate2-model", required=True,
+                        help="the CTranslate2 export's base path")
+    parser.add_argument("--data", required=True,
+                        help="the Multi30k directory (val and test_2016_flickr .en/.de)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--singles", type=int, default=50)
+    parser.add_argument("--throughput-sentences", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", help="result file (default: benchmarks/results/...)")
+    return parser.parse_args(argv)
+
+
+def batched(translate, sentences, batch_size):
+    out = []
+    for start in range(0, len(sentences), batch_size):
+        out.extend(translate(sentences[start:start + batch_size])[0])
+    return out
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    import keras_transformer as kt
+    from keras_transformer.evaluation import score_translations
+    from keras_transformer.export.ctranslate2 import CTranslate2Translator
+    from keras_transformer.export.saved_model import resolve_version
+
+    saved_model_path = resolve_version(args.saved_model)
+    engines = {"savedmodel": kt.load_saved_model(saved_model_path),
+               "ctranslate2": CTranslate2Translator(args.ctranslate2_model,
+                                                    intra_threads=args.threads)}
+    document = {**provenance.record(), "kind": "model-card", "threads": args.threads,
+                "saved_model": saved_model_path,
+                "sizes_bytes": {"savedmodel": directory_bytes(args.saved_model),
+                                "ctranslate2": directory_bytes(args.ctranslate2_model)},
+                "parameters": count_parameters(saved_model_path),
+                "scores": {}, "speed": {}}
+    for split in SPLITS:
+        sources, references = (read_lines(args.data, split, "en"),
+                               read_lines(args.data, split, "de"))
+        for name, engine in engines.items():
+            hypotheses = batched(engine.translate, sources, args.batch_size)
+            scores = score_translations(hypotheses, references, tokenized_bleu_lang="de")
+            document["scores"].setdefault(name, {})[split] = {
+                key: (round(value, 2) if isinstance(value, float) else value)
+                for key, value in scores.items() if not key.endswith("_text")}
+            print(name, split, scores["bleu_text"], scores["tokenized_bleu_text"],
+                  flush=True)
+    sentences = read_lines(args.data, "val", "en")
+    singles, bulk = sentences[:args.singles], sentences[:args.throughput_sentences]
+    timings = {name: {"p50_ms": [], "p95_ms": [], "sentences_per_second": []}
+               for name in engines}
+    for round_ in range(args.rounds):
+        order = list(engines) if round_ % 2 == 0 else list(engines)[::-1]
+        for name in order:
+            engine = engines[name]
+            engine.translate(singles[:1])  # warm
+            latencies = []
+            for sentence in singles:
+                start = time.perf_counter()
+                engine.translate([sentence])
+                latencies.append((time.perf_counter() - start) * 1000)
+            latencies.sort()
+            start = time.perf_counter()
+            batched(engine.translate, bulk, args.batch_size)
+            rate = len(bulk) / (time.perf_counter() - start)
+            timings[name]["p50_ms"].append(statistics.median(latencies))
+            timings[name]["p95_ms"].append(latencies[int(0.95 * (len(latencies) - 1))])
+            timings[name]["sentences_per_second"].append(rate)
+    for name, values in timings.items():
+        document["speed"][name] = {key: round(statistics.median(v), 1)
+                                   for key, v in values.items()}
+        print(name, document["speed"][name], flush=True)
+    provenance.write_result(document, document, "model-card", args.json)
+
+
+def count_parameters(saved_model_path):
+    """The exported model's parameter count, read from its variables."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(os.path.join(saved_model_path, "variables",
+                                                   "variables"))
+    shapes = reader.get_variable_to_shape_map()
+    total = 0
+    for name, shape in shapes.items():
+        if "_CHECKPOINTABLE_OBJECT_GRAPH" in name or not shape:
+            continue
+        size = 1
+        for d in shape:
+            size *= d
+        total += size
+    return total
+
+
+if __name__ == "__main__":
+    main()
