@@ -398,7 +398,7 @@ class ServingApp:
         refusal (400, 503, 504).
         """
         start = time.monotonic() if start is None else start
-        model = self._check_work(servable, inputs)
+        model, measured = self._check_work(servable, inputs)
         spec = servable.specs[signature_name]
 
         def run(merged):
@@ -409,7 +409,8 @@ class ServingApp:
                 key = (servable.version, id(servable), signature_name, batch_key(inputs))
                 call = self.batcher.submit(key, inputs, run)
             else:
-                chunks = (model.chunks(inputs, self.chunk_work) if work.chunkable(spec)
+                chunks = (model.chunks(inputs, self.chunk_work, measured)
+                          if work.chunkable(spec)
                           else [None])
                 call = self._unbatched(run, inputs, chunks)
             if self.rest_api_timeout is None:
@@ -466,7 +467,8 @@ class ServingApp:
         """Refuses (400) a request over `max_request_sentences` rows,
         `max_beam_size` or `max_request_work`, naming the numbers.
 
-        Returns: the servable's `work.WorkModel`."""
+        Returns: the servable's `work.WorkModel` and its `measure` of the
+        inputs."""
         rows = max((len(value) for value in inputs.values() if np.ndim(value) >= 1),
                    default=0)
         rest_api.check_rows(rows, self.max_request_sentences)
@@ -488,7 +490,7 @@ class ServingApp:
                 f"bytes, + {model.cost(1, longest, 1, extra) - longest} target positions "
                 f"with extra_length {extra}). Send fewer sentences, shorter ones or a "
                 "smaller beam_size.")
-        return model
+        return model, (total, pieces, hypotheses, extra)
 
     async def _read_body(self, request):
         """The body, refusing (413) one over `max_request_bytes` before

@@ -84,11 +84,12 @@ class WorkModel:
         longest = int(pieces.max()) if len(pieces) else 0
         return self.cost(len(pieces), longest, hypotheses, extra), pieces, hypotheses, extra
 
-    def chunks(self, inputs, chunk_work):
+    def chunks(self, inputs, chunk_work, measured=None):
         """Row slices `[(start, stop), ...]` covering a request in order,
         each of work at most `chunk_work` (a single sentence may exceed it
-        alone). One slice when the whole request fits."""
-        work, pieces, hypotheses, extra = self.measure(inputs)
+        alone). One slice when the whole request fits. `measured`:
+        `measure(inputs)` when the caller has it already."""
+        work, pieces, hypotheses, extra = measured or self.measure(inputs)
         if work <= chunk_work or len(pieces) <= 1:
             return [(0, len(pieces))]
         slices, start, longest = [], 0, 0
