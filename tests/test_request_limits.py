@@ -12,7 +12,7 @@ import requests
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (the SentencePiece ops of the export)
 
-from keras_transformer.export.translator import MAX_EXTRA_LENGTH
+from keras_transformer.decoding.search_options import MAX_EXTRA_LENGTH
 from keras_transformer.serving import model_versions
 from keras_transformer.serving.rest_api import SignatureSpec, TensorSpec
 from support.serving_model import MAX_LENGTH, export_tiny_model, start_server, stop_server

@@ -9,6 +9,7 @@ import gzip
 import sys
 
 from keras_transformer import startup
+from keras_transformer.decoding.search_options import OPTIONS
 
 
 def translation_parser(prog, description, ctranslate2=False):
@@ -108,20 +109,13 @@ def add_decoding_arguments(parser, defaults_from_model=False, xla=True):
     )
 
     note = " (default: the SavedModel's, else %(default)s)" if defaults_from_model else ""
-    parser.add_argument("--beam-size", type=int, default=None if defaults_from_model
-                        else DEFAULT_BEAM_SIZE, help="beam width; paper: 4" + note)
-    parser.add_argument("--alpha", type=float, default=None if defaults_from_model
-                        else DEFAULT_ALPHA,
-                        help="length penalty exponent, ((5+len)/6)**alpha; paper: 0.6" + note)
-    parser.add_argument("--extra-length", type=int, default=None if defaults_from_model
-                        else DEFAULT_EXTRA_LENGTH,
-                        help="output may be this many tokens longer than the input; "
-                        "paper: 50" + note)
-    parser.add_argument("--min-length", type=int, default=None if defaults_from_model
-                        else DEFAULT_MIN_LENGTH,
-                        help="the fewest subword pieces before eos (1: a non-empty sentence "
-                        "never translates to an empty line; 0: eos may come first); a "
-                        "SavedModel's is fixed at export" + note)
+    for name, default, paper in [("beam_size", DEFAULT_BEAM_SIZE, "; paper: 4"),
+                                 ("alpha", DEFAULT_ALPHA, "; paper: 0.6"),
+                                 ("extra_length", DEFAULT_EXTRA_LENGTH, "; paper: 50"),
+                                 ("min_length", DEFAULT_MIN_LENGTH,
+                                  "; a SavedModel's is fixed at export")]:
+        add_search_flag(parser, name, None if defaults_from_model else default,
+                        OPTIONS[name].help + paper + note)
     if not xla:
         return
     parser.add_argument("--xla", action=argparse.BooleanOptionalAction, default=True,
@@ -131,12 +125,33 @@ def add_decoding_arguments(parser, defaults_from_model=False, xla=True):
                         "the export's (those run its XLA-free translate_with_options)")
 
 
+def add_search_flag(parser, name, default, help):
+    """`--<name>` (dashes for underscores) with the type of the search
+    option `name` (`decoding.search_options.OPTIONS`); `check_search_flags`
+    holds its value to the option's range."""
+    option = OPTIONS[name]
+    parser.add_argument("--" + name.replace("_", "-"),
+                        type=float if option.dtype == "float32" else int,
+                        default=default, help=help)
+
+
+def check_search_flags(parser, args):
+    """`parser.error` (exit status 2) naming the first search-option flag
+    whose value the option's range refuses."""
+    for name, option in OPTIONS.items():
+        value = getattr(args, name, None)
+        problem = None if value is None else option.problem(value)
+        if problem is not None:
+            parser.error("--" + name.replace("_", "-") + problem[len(name):])
+
+
 def check_engine(parser, args):
     """Sets `args.engine` (see `--engine`) and `parser.error`s (exit status
     2, naming the flag) for engine flags that cannot work together."""
     ctranslate2_model = getattr(args, "ctranslate2_model", None)
     if getattr(args, "ensemble", None) and args.run_dir is None:
         parser.error("--ensemble adds members to --run-dir's model; it needs --run-dir")
+    check_search_flags(parser, args)
     if args.engine is None:
         args.engine = "ctranslate2" if ctranslate2_model is not None else "tensorflow"
     if args.engine == "tensorflow":

@@ -55,6 +55,7 @@ import sys
 
 from keras_transformer import startup
 from keras_transformer.cli.common import (
+    add_search_flag,
     check_engine,
     decoding_options,
     one_line,
@@ -63,8 +64,10 @@ from keras_transformer.cli.common import (
     run_command,
     translation_parser,
 )
+from keras_transformer.decoding.search_options import OPTIONS
 
-SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": 0}
+SAMPLING_DEFAULTS = {name: OPTIONS[name].default
+                     for name in ("temperature", "top_k", "top_p", "seed")}
 
 
 def build_parser():
@@ -82,17 +85,9 @@ def build_parser():
     group = parser.add_argument_group("sampling")
     group.add_argument("--sampling", action="store_true",
                        help="sample each translation instead of beam search")
-    group.add_argument("--temperature", type=float, default=None,
-                       help="with --sampling: divides the log-probabilities; 0 is greedy "
-                       "(default: 1)")
-    group.add_argument("--top-k", type=int, default=None,
-                       help="with --sampling: sample among the K most probable tokens "
-                       "(default: 0, all)")
-    group.add_argument("--top-p", type=float, default=None,
-                       help="with --sampling: sample among the most probable tokens "
-                       "holding this probability, in (0, 1] (default: 1, all)")
-    group.add_argument("--seed", type=int, default=None,
-                       help="with --sampling: the random seed (default: 0)")
+    for name in ("temperature", "top_k", "top_p", "seed"):
+        add_search_flag(group, name, None, f"with --sampling: {OPTIONS[name].help} "
+                        f"(default: {OPTIONS[name].default})")
     return parser
 
 
@@ -121,14 +116,6 @@ def check_arguments(parser, args):
         if getattr(args, name) is not None:
             parser.error(f"--{name.replace('_', '-')} applies to beam search, not to "
                          "--sampling")
-    if args.temperature is not None and not args.temperature >= 0:
-        parser.error(f"--temperature must be >= 0, received {args.temperature}")
-    if args.top_k is not None and args.top_k < 0:
-        parser.error(f"--top-k must be >= 0, received {args.top_k}")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        parser.error(f"--top-p must be in (0, 1], received {args.top_p}")
-    if args.seed is not None and not -2**63 <= args.seed < 2**63:
-        parser.error(f"--seed must fit in 64 bits, received {args.seed}")
 
 
 def translate(argv=None, stdout=None):

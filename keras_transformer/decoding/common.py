@@ -7,6 +7,8 @@ float32 under every dtype policy, and a search accumulates many of them.
 import numpy as np
 from keras import ops
 
+from keras_transformer.decoding.search_options import check_options
+
 SCORE_DTYPE = "float32"
 
 
@@ -75,15 +77,14 @@ def forbid_early_eos(log_probs, step, min_length, limit, eos_id):
 
 
 def check_min_length(min_length, tensor_ok=True):
-    """A `ValueError` for a `min_length` that is not an int >= 0.
+    """A `ValueError` for a `min_length` out of `search_options.OPTIONS`'
+    range (an int >= 0).
 
-    With `tensor_ok`, a value that is not a Python int passes unchecked (a
+    With `tensor_ok`, a value that is not a number passes unchecked (a
     tensor, which a signature checks in the graph); an exported model's
     setting (`tensor_ok=False`) must be a Python int. `bool` is not an int.
     """
-    is_int = isinstance(min_length, int) and not isinstance(min_length, bool)
-    if (is_int and min_length < 0) or (not is_int and not tensor_ok):
-        raise ValueError(f"`min_length` must be an int >= 0, received {min_length!r}.")
+    check_options({"min_length": min_length}, tensors_pass=tensor_ok)
 
 
 # `top_k` splits a long last axis into chunks of this many entries.

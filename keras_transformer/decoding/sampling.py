@@ -26,6 +26,7 @@ from keras_transformer.decoding.common import (
     write_position,
 )
 from keras_transformer.decoding.common import top_k as ranked
+from keras_transformer.decoding.search_options import check_options
 
 
 def sampling_noise(batch_size, max_decode_length, seed=0):
@@ -218,12 +219,8 @@ def _static(value):
 
 
 def check_sampling_options(temperature, top_k, top_p):
-    """Python-side checks of the sampling options that are Python numbers
-    (tensors pass): a `ValueError` naming the option."""
-    t, k, p = _static(temperature), _static(top_k), _static(top_p)
-    if t is not None and not t >= 0:
-        raise ValueError(f"`temperature` must be >= 0, received {temperature}.")
-    if k is not None and (k < 0 or k != int(k)):
-        raise ValueError(f"`top_k` must be an int >= 0, received {top_k}.")
-    if p is not None and not 0.0 < p <= 1.0:
-        raise ValueError(f"`top_p` must be in (0, 1], received {top_p}.")
+    """Python-side checks of the sampling options that are numbers (tensors
+    pass) against `search_options.OPTIONS`: a `ValueError` naming the
+    option."""
+    check_options({"temperature": temperature, "top_k": top_k, "top_p": top_p},
+                  tensors_pass=True)

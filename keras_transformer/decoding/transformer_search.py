@@ -10,15 +10,13 @@ from keras_transformer.decoding.beam_search import beam_search
 from keras_transformer.decoding.common import cache_phases
 from keras_transformer.decoding.greedy import greedy_search
 from keras_transformer.decoding.sampling import sampling_noise, sampling_search
+from keras_transformer.decoding.search_options import OPTIONS
 
-# The paper (section 6.1): beam 4, alpha 0.6, output length <= input + 50.
-DEFAULT_BEAM_SIZE = 4
-DEFAULT_ALPHA = 0.6
-DEFAULT_EXTRA_LENGTH = 50
-# At least one piece before eos, as fairseq (--min-len) and CTranslate2
-# (min_decoding_length) default to: a non-empty sentence never translates
-# to "".
-DEFAULT_MIN_LENGTH = 1
+# The search defaults, from the options' table (`search_options.OPTIONS`).
+DEFAULT_BEAM_SIZE = OPTIONS["beam_size"].default
+DEFAULT_ALPHA = OPTIONS["alpha"].default
+DEFAULT_EXTRA_LENGTH = OPTIONS["extra_length"].default
+DEFAULT_MIN_LENGTH = OPTIONS["min_length"].default
 
 
 def decoding_length(source_ids, extra_length, max_length, source_length=None):

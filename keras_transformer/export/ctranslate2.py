@@ -58,6 +58,7 @@ import tempfile
 import numpy as np
 
 from keras_transformer.decoding.common import check_min_length
+from keras_transformer.decoding.search_options import OPTIONS, check_options
 from keras_transformer.decoding.transformer_search import (
     DEFAULT_ALPHA,
     DEFAULT_BEAM_SIZE,
@@ -613,9 +614,8 @@ class CTranslate2Translator(TranslationEngine):
         Otherwise (sampling, beam search at alpha 0, and the few sentences
         the fast path leaves unsettled) the sentences go in batches of one
         limit each."""
-        extra_length = self.extra_length if extra_length is None else int(extra_length)
-        if extra_length < 0:
-            raise ValueError(f"`extra_length` must be >= 0, received {extra_length}.")
+        extra_length = self.extra_length if extra_length is None else extra_length
+        OPTIONS["extra_length"].check(extra_length)
         if batch_size < 1:
             raise ValueError(f"`batch_size` must be >= 1, received {batch_size}.")
         pieces = [self.source_pieces(s) for s in sentences]
@@ -695,11 +695,11 @@ class CTranslate2Translator(TranslationEngine):
         return _Result([hypotheses[k] for k in order], [scores[k] for k in order])
 
     def _options(self, beam_size, alpha):
-        beam_size = self.beam_size if beam_size is None else int(beam_size)
-        alpha = self.alpha if alpha is None else float(alpha)
-        if beam_size < 1:
-            raise ValueError(f"`beam_size` must be >= 1, received {beam_size}.")
-        return beam_size, alpha
+        beam_size = self.beam_size if beam_size is None else beam_size
+        alpha = self.alpha if alpha is None else alpha
+        check_options({"beam_size": beam_size, "alpha": alpha},
+                      {"vocabulary": self.config.output_vocab_size})
+        return int(beam_size), float(alpha)
 
     def translate(self, sentences, beam_size=None, alpha=None, extra_length=None,
                   batch_size=32):
@@ -731,9 +731,7 @@ class CTranslate2Translator(TranslationEngine):
         if beam_size is None:
             beam_size = max(int(n), self.beam_size)
         beam_size, alpha = self._options(beam_size, alpha)
-        if not 1 <= n <= beam_size:
-            raise ValueError(f"`n` must be between 1 and beam_size ({beam_size}), "
-                             f"received {n}.")
+        OPTIONS["n"].check(n, {"beam_size": beam_size})
         results = self._search(sentences, extra_length, batch_size, dict(
             beam_size=beam_size, length_penalty=alpha, num_hypotheses=n))
         out = []
@@ -751,12 +749,8 @@ class CTranslate2Translator(TranslationEngine):
         model's untempered log P of the sampled tokens. `temperature` 0 is
         greedy; `top_k` 0 samples from the whole vocabulary; `top_p` in
         (0, 1]."""
-        if not temperature >= 0:
-            raise ValueError(f"`temperature` must be >= 0, received {temperature}.")
-        if top_k < 0:
-            raise ValueError(f"`top_k` must be >= 0, received {top_k}.")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"`top_p` must be in (0, 1], received {top_p}.")
+        check_options({"temperature": temperature, "top_k": top_k, "top_p": top_p,
+                       "seed": seed})
         self._ctranslate2.set_random_seed(int(seed) % 2**32)
         options = dict(beam_size=1, length_penalty=0.0, num_hypotheses=1,
                        sampling_topk=1 if temperature == 0 else int(top_k),

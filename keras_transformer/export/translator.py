@@ -51,7 +51,10 @@ from keras_transformer.decoding import (
 )
 from keras_transformer.decoding.common import check_min_length
 from keras_transformer.decoding.ensemble import TransformerEnsemble
-from keras_transformer.decoding.sampling import check_sampling_options
+from keras_transformer.decoding.search_options import (
+    OPTIONS,
+    check_options,
+)
 from keras_transformer.export import column_blocks
 from keras_transformer.export.engine import (
     SERVING_DEFAULT,
@@ -67,20 +70,22 @@ from keras_transformer.export.engine import (
 
 REPLACEMENT_CHARACTER = 0xFFFD
 
+
+def _option_spec(name):
+    """A scalar input of the option's dtype (`search_options.OPTIONS`)."""
+    return tf.TensorSpec([], OPTIONS[name].dtype, name=name)
+
+
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
 IDS_SPEC = tf.TensorSpec([None, None], tf.int32, name="source_ids")
-BEAM_SIZE_SPEC = tf.TensorSpec([], tf.int32, name="beam_size")
-ALPHA_SPEC = tf.TensorSpec([], tf.float32, name="alpha")
-EXTRA_LENGTH_SPEC = tf.TensorSpec([], tf.int32, name="extra_length")
-# The largest `extra_length` a signature accepts: far beyond any model's
-# max_length (searches are clamped to it), small enough that `source length
-# + 1 + extra_length` never wraps in int32.
-MAX_EXTRA_LENGTH = 1 << 16
-N_SPEC = tf.TensorSpec([], tf.int32, name="n")
-TEMPERATURE_SPEC = tf.TensorSpec([], tf.float32, name="temperature")
-TOP_K_SPEC = tf.TensorSpec([], tf.int32, name="top_k")
-TOP_P_SPEC = tf.TensorSpec([], tf.float32, name="top_p")
-SEED_SPEC = tf.TensorSpec([], tf.int64, name="seed")
+BEAM_SIZE_SPEC = _option_spec("beam_size")
+ALPHA_SPEC = _option_spec("alpha")
+EXTRA_LENGTH_SPEC = _option_spec("extra_length")
+N_SPEC = _option_spec("n")
+TEMPERATURE_SPEC = _option_spec("temperature")
+TOP_K_SPEC = _option_spec("top_k")
+TOP_P_SPEC = _option_spec("top_p")
+SEED_SPEC = _option_spec("seed")
 
 # XLA search: source lengths are padded up to a multiple of this, so a
 # server compiles a handful of shapes (each on its first request of that
@@ -374,23 +379,14 @@ class Translator(tf.Module, ExplainingEngine):
     def _checked_options(self, beam_size, alpha, extra_length):
         """A request's search options, checked in the graph, so that every
         server of the SavedModel (TF Serving too) answers a bad value with
-        InvalidArgument naming it: `beam_size` in `[1, output vocabulary //
-        2]` (compared in int64, so no value wraps into range), `alpha`
-        finite and >= 0, `extra_length` in `[0, MAX_EXTRA_LENGTH]`. Then
-        `extra_length` is clamped to `config.max_length`: no output is
+        InvalidArgument naming it (`graph_checks`, the ranges of
+        `search_options.OPTIONS`; beam_size's bound is half the output
+        vocabulary). Then `extra_length` is clamped to `config.max_length`: no output is
         longer than `max_length`."""
-        vocab_size, max_length = self.config.output_vocab_size, self.config.max_length
-        wide = tf.cast(beam_size, tf.int64)
-        checks = [
-            tf.debugging.Assert((wide >= 1) & (2 * wide <= vocab_size),
-                                [f"beam_size must be between 1 and {vocab_size // 2}, received",
-                                 beam_size]),
-            tf.debugging.Assert(tf.math.is_finite(alpha) & (alpha >= 0.0),
-                                ["alpha must be a finite number >= 0, received", alpha]),
-            tf.debugging.Assert((extra_length >= 0) & (extra_length <= MAX_EXTRA_LENGTH),
-                                [f"extra_length must be between 0 and {MAX_EXTRA_LENGTH}, "
-                                 "received", extra_length]),
-        ]
+        checks = graph_checks(
+            {"beam_size": beam_size, "alpha": alpha, "extra_length": extra_length},
+            {"vocabulary": self.config.output_vocab_size})
+        max_length = self.config.max_length
         with tf.control_dependencies(checks):
             return (tf.identity(beam_size), tf.identity(alpha),
                     tf.clip_by_value(extra_length, 0, max_length))
@@ -419,9 +415,7 @@ class Translator(tf.Module, ExplainingEngine):
                                   EXTRA_LENGTH_SPEC], autograph=False)
     def signature_translate_nbest(self, text, n, beam_size, alpha, extra_length):
         beam_size, alpha, extra_length = self._checked_options(beam_size, alpha, extra_length)
-        check = tf.debugging.assert_equal((n >= 1) & (n <= beam_size), True,
-                                          message="n must be between 1 and beam_size")
-        with tf.control_dependencies([check]):
+        with tf.control_dependencies(graph_checks({"n": n}, {"beam_size": beam_size})):
             n = tf.identity(n)
         _, tokens = self._tokens(text)
         source_ids, lengths, is_empty = self._source_ids(tokens)
@@ -437,13 +431,7 @@ class Translator(tf.Module, ExplainingEngine):
                                   SEED_SPEC, EXTRA_LENGTH_SPEC], autograph=False)
     def signature_translate_sample(self, text, temperature, top_k, top_p, seed,
                                    extra_length):
-        checks = [
-            tf.debugging.assert_equal(temperature >= 0.0, True,
-                                      message="temperature must be >= 0"),
-            tf.debugging.assert_equal(top_k >= 0, True, message="top_k must be >= 0"),
-            tf.debugging.assert_equal((top_p > 0.0) & (top_p <= 1.0), True,
-                                      message="top_p must be in (0, 1]"),
-        ]
+        checks = graph_checks({"temperature": temperature, "top_k": top_k, "top_p": top_p})
         with tf.control_dependencies(checks):
             temperature = tf.identity(temperature)
         _, _, extra_length = self._checked_options(1, 0.0, extra_length)
@@ -575,12 +563,7 @@ class Translator(tf.Module, ExplainingEngine):
             def run(batch):
                 return self.signature_serving_default(batch)
         else:
-            options = (
-                tf.constant(self.beam_size if beam_size is None else beam_size, tf.int32),
-                tf.constant(self.alpha if alpha is None else alpha, tf.float32),
-                tf.constant(self.extra_length if extra_length is None else extra_length,
-                            tf.int32),
-            )
+            options = self._search_options(beam_size, alpha, extra_length)
 
             def run(batch):
                 return self.signature_translate_with_options(batch, *options)
@@ -606,9 +589,9 @@ class Translator(tf.Module, ExplainingEngine):
         out of range.
         """
         beam_size = nbest_beam_size(n, beam_size, self.beam_size)
-        alpha = self.alpha if alpha is None else float(alpha)
+        alpha = self.alpha if alpha is None else alpha
         extra_length = self.extra_length if extra_length is None else extra_length
-        _check_search_options(beam_size, extra_length, self.config.output_vocab_size)
+        _check_search_options(beam_size, extra_length, self.config.output_vocab_size, alpha)
         options = (tf.constant(n, tf.int32), tf.constant(beam_size, tf.int32),
                    tf.constant(alpha, tf.float32), tf.constant(extra_length, tf.int32))
         return nbest_in_batches(lambda batch: self.signature_translate_nbest(batch, *options),
@@ -665,10 +648,10 @@ class Translator(tf.Module, ExplainingEngine):
         functions take, None meaning the default, after the Python-side
         checks."""
         beam_size = self.beam_size if beam_size is None else beam_size
+        alpha = self.alpha if alpha is None else alpha
         extra_length = self.extra_length if extra_length is None else extra_length
-        _check_search_options(beam_size, extra_length, self.config.output_vocab_size)
-        return (tf.constant(beam_size, tf.int32),
-                tf.constant(self.alpha if alpha is None else alpha, tf.float32),
+        _check_search_options(beam_size, extra_length, self.config.output_vocab_size, alpha)
+        return (tf.constant(beam_size, tf.int32), tf.constant(alpha, tf.float32),
                 tf.constant(extra_length, tf.int32))
 
     def _xla_search(self, beam_size, alpha, extra_length):
@@ -676,7 +659,7 @@ class Translator(tf.Module, ExplainingEngine):
         one per set of search options (they fix shapes, so they are Python
         constants). `lengths` are the sentences' own lengths, so output
         limits (and translations) do not depend on the padding."""
-        _check_search_options(beam_size, extra_length, self.config.output_vocab_size)
+        _check_search_options(beam_size, extra_length, self.config.output_vocab_size, alpha)
         key = (beam_size, alpha, extra_length)
         searches = self._xla_searches.value
         if key not in searches:
@@ -789,37 +772,54 @@ def _in_batches(run, sentences, batch_size, unpack):
 def nbest_beam_size(n, beam_size, default_beam_size):
     """The beam size of an n-best search: `beam_size`, or with None
     `max(n, default_beam_size)`. `ValueError` unless `1 <= n <= beam
-    size`."""
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"`n` must be an int >= 1, received {n!r}.")
+    size` (`search_options.OPTIONS["n"]`)."""
+    OPTIONS["n"].check(n)
     beam_size = max(n, default_beam_size) if beam_size is None else beam_size
-    if not isinstance(beam_size, int) or beam_size < n:
-        raise ValueError(
-            f"`n` ({n}) must be at most `beam_size` ({beam_size!r}): the n best come "
-            "from the beam.")
+    check_options({"beam_size": beam_size, "n": n})
     return beam_size
 
 
 def sampling_options(temperature, top_k, top_p, seed):
     """The sampling options as the tensors the `translate_sample` signature
     takes, after the Python-side checks (`ValueError` naming the option)."""
-    check_sampling_options(temperature, top_k, top_p)
-    if not isinstance(seed, int) or isinstance(seed, bool) or not -2**63 <= seed < 2**63:
-        raise ValueError(f"`seed` must be an int64, received {seed!r}.")
+    check_options({"temperature": temperature, "top_k": top_k, "top_p": top_p,
+                   "seed": seed})
     return (tf.constant(temperature, tf.float32), tf.constant(top_k, tf.int32),
             tf.constant(top_p, tf.float32), tf.constant(seed, tf.int64))
 
 
-def _check_search_options(beam_size, extra_length, vocab_size):
-    """Python-side checks of search options that fix shapes."""
-    if not isinstance(beam_size, int) or beam_size < 1:
-        raise ValueError(f"`beam_size` must be an int >= 1, received {beam_size!r}.")
-    if not isinstance(extra_length, int) or extra_length < 0:
-        raise ValueError(f"`extra_length` must be an int >= 0, received {extra_length!r}.")
-    if 2 * beam_size > vocab_size:
-        raise ValueError(
-            f"`beam_size` ({beam_size}) must be at most half the vocabulary ({vocab_size})."
-        )
+def graph_checks(values, context=None):
+    """`tf.debugging.Assert`s of `values` (`{option name: scalar tensor}`)
+    against `search_options.OPTIONS`: the same ranges and words as the
+    Python checks, so that TF Serving answers InvalidArgument with
+    `"<name> must be <rule>, received" <value>`. Integers are compared in
+    int64, so no value wraps into range. `context`: the bounds' context
+    (numbers or tensors)."""
+    checks = []
+    for name, value in values.items():
+        option = OPTIONS[name]
+        low, high = option.bounds(context)
+        integer = option.dtype != "float32"
+        wide = tf.cast(value, tf.int64) if integer else value
+        ok = tf.constant(True)
+        if not integer:
+            ok &= tf.math.is_finite(value) if option.finite else ~tf.math.is_nan(value)
+        if low is not None:
+            ok &= (wide > low) if option.exclusive_minimum else (wide >= low)
+        if high is not None:
+            ok &= wide <= (tf.cast(high, wide.dtype) if tf.is_tensor(high) else high)
+        checks.append(tf.debugging.Assert(
+            ok, [f"{name} must be {option.rule(context)}, received", value]))
+    return checks
+
+
+def _check_search_options(beam_size, extra_length, vocab_size, alpha=None):
+    """Python-side checks of the search options (`search_options.OPTIONS`):
+    `ValueError` naming the first out of range. Those that fix shapes
+    must be Python ints; `alpha` may be a tensor."""
+    check_options({"beam_size": beam_size, "extra_length": extra_length},
+                  {"vocabulary": vocab_size})
+    check_options({"alpha": alpha}, tensors_pass=True)
 
 
 def _check_matches(config, tokenizer, target_tokenizer=None):

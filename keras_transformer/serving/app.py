@@ -48,6 +48,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
+from keras_transformer.decoding import search_options
 from keras_transformer.serving import limits, rest_api, work
 from keras_transformer.serving.batching import (
     QUEUE_FULL_MESSAGE,
@@ -464,14 +465,24 @@ class ServingApp:
         self._enqueued -= 1
 
     def _check_work(self, servable, inputs):
-        """Refuses (400) a request over `max_request_sentences` rows,
-        `max_beam_size` or `max_request_work`, naming the numbers.
+        """Refuses (400) a request over `max_request_sentences` rows, with a
+        search option out of its range (`decoding.search_options`, in the
+        SavedModel's words), over `max_beam_size` or over
+        `max_request_work`, naming the numbers: all before the model runs.
 
         Returns: the servable's `work.WorkModel` and its `measure` of the
         inputs."""
         rows = max((len(value) for value in inputs.values() if np.ndim(value) >= 1),
                    default=0)
         rest_api.check_rows(rows, self.max_request_sentences)
+        model = getattr(servable, "work_model", None)
+        if model is None:
+            model = servable.work_model = work.WorkModel(servable.metadata)
+        failure = search_options.assertion_failure(
+            {name: value for name, value in inputs.items() if np.ndim(value) == 0},
+            {"vocabulary": model.vocabulary})
+        if failure is not None:
+            raise RestError(failure)
         beam_size = inputs.get("beam_size")
         if beam_size is not None and np.ndim(beam_size) == 0 \
                 and int(beam_size) > self.max_beam_size:

@@ -16,10 +16,8 @@ SavedModel's):
 - `translate_sample`: text, temperature, top_k, top_p, seed, extra_length ->
   translation, score.
 
-Options outside the SavedModel's ranges are refused with its messages
-(`ModelError`, HTTP 400): beam_size in `[1, vocabulary // 2]`, alpha
-finite and >= 0, extra_length in `[0, MAX_EXTRA_LENGTH]`, `1 <= n <=
-beam_size`, temperature >= 0, top_k >= 0, top_p in (0, 1].
+Options outside the ranges of `decoding.search_options.OPTIONS` are refused
+with the SavedModel's messages (`ModelError`, HTTP 400).
 
 What differs from the SavedModel: `alpha` is CTranslate2's length penalty
 (`log P / length ** alpha`; the SavedModel's is GNMT's), so beam scores
@@ -31,11 +29,11 @@ n-best lists and scores without the alignment view.
 """
 
 import json
-import math
 import os
 
 import numpy as np
 
+from keras_transformer.decoding.search_options import OPTIONS, assertion_failure
 from keras_transformer.export.engine import (
     SERVING_DEFAULT,
     TRANSLATE_NBEST,
@@ -51,26 +49,27 @@ from keras_transformer.serving.model_versions import (  # noqa: F401  (is_ctrans
 from keras_transformer.serving.rest_api import SignatureSpec, TensorSpec
 
 EXAMPLES_FILE = "examples.json"
-# The SavedModel's bound (export/translator.py `MAX_EXTRA_LENGTH`), kept
-# here without TensorFlow; a test holds the two equal.
-MAX_EXTRA_LENGTH = 1 << 16
 
 _TEXT = TensorSpec("string", (None,))
 _SCORE = TensorSpec("float32", (None,))
 _BEST = {"translation": _TEXT, "score": _SCORE}
-_SEARCH = {"beam_size": TensorSpec("int32", ()), "alpha": TensorSpec("float32", ()),
-           "extra_length": TensorSpec("int32", ())}
+
+
+def _option(name):
+    return TensorSpec(OPTIONS[name].dtype, ())
+
+
+_SEARCH = {name: _option(name) for name in ("beam_size", "alpha", "extra_length")}
 SPECS = {
     SERVING_DEFAULT: SignatureSpec({"text": _TEXT}, _BEST),
     TRANSLATE_WITH_OPTIONS: SignatureSpec({"text": _TEXT, **_SEARCH}, _BEST),
     TRANSLATE_NBEST: SignatureSpec(
-        {"text": _TEXT, "n": TensorSpec("int32", ()), **_SEARCH},
+        {"text": _TEXT, "n": _option("n"), **_SEARCH},
         {"translations": TensorSpec("string", (None, None)),
          "scores": TensorSpec("float32", (None, None))}),
     TRANSLATE_SAMPLE: SignatureSpec(
-        {"text": _TEXT, "temperature": TensorSpec("float32", ()),
-         "top_k": TensorSpec("int32", ()), "top_p": TensorSpec("float32", ()),
-         "seed": TensorSpec("int64", ()), "extra_length": TensorSpec("int32", ())},
+        {"text": _TEXT, **{name: _option(name) for name in
+                           ("temperature", "top_k", "top_p", "seed", "extra_length")}},
         _BEST),
 }
 
@@ -113,6 +112,7 @@ class CTranslate2Servable:
                          "extra_length": self.translator.extra_length,
                          "max_source_tokens": self.translator.max_source_tokens,
                          "max_length": self.translator.config.max_length,
+                         "output_vocab_size": self.vocab_size,
                          "engine": self.engine,
                          "compute_type": self.translator.compute_type,
                          "vocabulary_map": self.translator.use_vmap}
@@ -134,53 +134,30 @@ class CTranslate2Servable:
         Returns: `{output name: np.ndarray}` (strings as UTF-8 bytes).
         Raises: `ModelError` for options out of range.
         """
+        failure = assertion_failure({name: value for name, value in inputs.items()
+                                     if name != "text"}, {"vocabulary": self.vocab_size})
+        if failure is not None:
+            raise ModelError(failure)
         text = inputs["text"].tolist()  # bytes: the translator decodes them as UTF-8
+        options = {name: value.item() for name, value in inputs.items() if name != "text"}
+        if "extra_length" in options:
+            options["extra_length"] = min(options["extra_length"],
+                                          self.translator.config.max_length)
         translator = self.translator
         if signature == SERVING_DEFAULT:
             return _best(*translator.translate(text))
         if signature == TRANSLATE_WITH_OPTIONS:
-            beam_size, alpha, extra_length = self._search(inputs)
-            return _best(*translator.translate(text, beam_size, alpha, extra_length))
+            return _best(*translator.translate(text, **options))
         if signature == TRANSLATE_NBEST:
-            beam_size, alpha, extra_length = self._search(inputs)
-            n = int(inputs["n"])
-            if not 1 <= n <= beam_size:
-                raise ModelError("n must be between 1 and beam_size")
-            nbest = translator.translate_nbest(text, n, beam_size, alpha, extra_length)
+            n = options["n"]
+            nbest = translator.translate_nbest(text, **options)
             return {"translations": np.array([[t for t, _ in row] for row in nbest],
                                              object).reshape(len(text), n),
                     "scores": np.array([[s for _, s in row] for row in nbest],
                                        np.float32).reshape(len(text), n)}
         if signature == TRANSLATE_SAMPLE:
-            temperature = float(inputs["temperature"])
-            top_k, top_p = int(inputs["top_k"]), float(inputs["top_p"])
-            if not temperature >= 0:
-                raise ModelError("temperature must be >= 0")
-            if top_k < 0:
-                raise ModelError("top_k must be >= 0")
-            if not 0 < top_p <= 1:
-                raise ModelError("top_p must be in (0, 1]")
-            extra_length = self._extra_length(inputs)
-            return _best(*translator.sample(text, temperature, top_k, top_p,
-                                            int(inputs["seed"]), extra_length))
+            return _best(*translator.sample(text, **options))
         raise ModelError(f"Serving signature name: \"{signature}\" not found")
-
-    def _extra_length(self, inputs):
-        extra_length = int(inputs["extra_length"])
-        if not 0 <= extra_length <= MAX_EXTRA_LENGTH:
-            raise ModelError(f"assertion failed: [extra_length must be between 0 and "
-                             f"{MAX_EXTRA_LENGTH}, received] [{extra_length}]")
-        return min(extra_length, self.translator.config.max_length)
-
-    def _search(self, inputs):
-        beam_size, alpha = int(inputs["beam_size"]), float(inputs["alpha"])
-        if not 1 <= beam_size <= self.vocab_size // 2:
-            raise ModelError(f"assertion failed: [beam_size must be between 1 and "
-                             f"{self.vocab_size // 2}, received] [{beam_size}]")
-        if not (math.isfinite(alpha) and alpha >= 0):
-            raise ModelError(f"assertion failed: [alpha must be a finite number >= 0, "
-                             f"received] [{alpha}]")
-        return beam_size, alpha, self._extra_length(inputs)
 
 
 def _best(translations, scores):

@@ -34,7 +34,8 @@ class WorkModel:
     Args:
         metadata: the servable's `metadata`: `beam_size` and
             `extra_length` (its defaults), `max_source_tokens`, and
-            `max_length` or `config["max_length"]`.
+            `max_length` (or `config["max_length"]`), and
+            `output_vocab_size` (or `config`'s vocabulary sizes).
     """
 
     def __init__(self, metadata):
@@ -43,6 +44,11 @@ class WorkModel:
         self.max_source_tokens = int(metadata.get("max_source_tokens") or self.max_length - 1)
         self.beam_size = int(metadata.get("beam_size") or 4)
         self.extra_length = int(metadata.get("extra_length") or 50)
+        # The model's output vocabulary (a SavedModel's config: the target
+        # vocabulary, else the shared one), which bounds beam_size.
+        vocabulary = (metadata.get("output_vocab_size") or config.get("target_vocab_size")
+                      or config.get("vocab_size"))
+        self.vocabulary = None if vocabulary is None else int(vocabulary)
 
     def source_pieces(self, inputs):
         """`(rows,)` int64: each row's source length bound (see the module)."""
