@@ -85,7 +85,7 @@ def load_test_set(run, args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", required=True, help="the trained run directory")
     parser.add_argument("--checkpoint", default="auto",

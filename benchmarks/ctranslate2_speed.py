@@ -246,7 +246,7 @@ def summarize(rounds, sentences, singles):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks ctranslate2",
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m benchmarks ctranslate2",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="+", default=["small", "base"],

@@ -45,8 +45,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from benchmarks.bench_config import make_config  # noqa: E402
-from keras_transformer.export import column_blocks  # noqa: E402
 from benchmarks.speed import time_rounds  # noqa: E402
+from keras_transformer.export import column_blocks  # noqa: E402
 
 
 def layer_shapes(config):
@@ -110,7 +110,7 @@ class StepPart:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="bench", help="'bench' or a preset name")
     parser.add_argument("--rows", type=int, default=4,
                         help="rows per product (sentences x beam; 4: one sentence at beam 4)")

@@ -54,7 +54,7 @@ def train_seed(run_dir, seed, args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--config", default="demo")
     parser.add_argument("--train-steps", type=int, default=1400)

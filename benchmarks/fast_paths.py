@@ -68,7 +68,7 @@ def build_step(config, precision, disabled, batch):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="bench",
                         help="'bench' (the shared bench configuration) or a preset name")

@@ -31,7 +31,7 @@ def read(iterator, count):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True,
                         help="a directory with train.<src>[.gz] and train.<tgt>[.gz] (as "

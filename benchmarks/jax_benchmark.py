@@ -225,7 +225,7 @@ def run_one(config_name, precision, args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="bench",
                         help="comma-separated: 'bench' (the shared bench configuration) "

@@ -47,7 +47,7 @@ def directory_bytes(path):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks model-card",
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m benchmarks model-card",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--saved-model", required=True, help="the SavedModel's base path")
     parser.add_argument("--ctranslate2-model", required=True,

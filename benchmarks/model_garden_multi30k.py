@@ -76,7 +76,7 @@ def translate_file(model, tokenizer, sentences, batch_size):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=os.path.join("..", "shared", "data", "multi30k"),
                         help="directory with train and test files (text:DIR's layout)")
     parser.add_argument("--src-lang", default="en")

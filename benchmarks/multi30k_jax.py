@@ -266,7 +266,7 @@ def score(args):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="python -m benchmarks multi30k-jax",
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m benchmarks multi30k-jax",
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="step", required=True)
     p = sub.add_parser("prepare", help="the corpus as piece ids (SentencePiece, no TensorFlow)")

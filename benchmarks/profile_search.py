@@ -65,7 +65,7 @@ def thunk_times(xspace_path, searches):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="bench", help="'bench' or a preset name")
     parser.add_argument("--extra-length", type=int, default=TRANSLATE_SHAPE["extra_length"])
     parser.add_argument("--batch", type=int, default=TRANSLATE_SHAPE["batch"],

@@ -40,8 +40,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 from benchmarks.bench_config import TRAIN_SHAPE, make_config  # noqa: E402
-from benchmarks.speed import Ours, random_batch, time_rounds  # noqa: E402
 from benchmarks.profile_search import WRAPPERS, event_kind, read_xspace  # noqa: E402
+from benchmarks.speed import Ours, random_batch, time_rounds  # noqa: E402
 
 GROUPS = ("matmul", "ops", "xla", "runtime")
 # A TensorFlow op's trace event is named "<op name>:<op type>"; the runtime's
@@ -98,7 +98,7 @@ def op_times(xspace_path, steps):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="bench", help="'bench' or a preset name")
     parser.add_argument("--precision", default="float32",
                         choices=["float32", "mixed_bfloat16", "mixed_float16"])

@@ -133,6 +133,7 @@ def measure(serve, metadata, batches, singles, rounds):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--saved-model", help="an exported model (default: build one)")

@@ -224,7 +224,7 @@ def beam_search_at(revision):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=int, default=MODELS, help="scripted models")
     parser.add_argument("--seed", type=int, default=SEED, help="the models' seed")

@@ -294,7 +294,7 @@ def measure_load(args, saved_model, int8_base, sentences):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", default="runs/demo")
     parser.add_argument("--checkpoint", default="auto")

@@ -1019,7 +1019,7 @@ def _summary_line(label, f):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=16, help="concurrent clients")
     parser.add_argument("--requests", type=int, default=2000,

@@ -33,7 +33,7 @@ def peak_rss_bytes():
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks serve-work",
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m benchmarks serve-work",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--saved-model", required=True,
                         help="an export directory (or its base path: the newest version)")

@@ -301,8 +301,8 @@ def bench_tokenizer_and_sentences(vocab_size, count):
     reaches 8,192 pieces) when present, else on the built-in corpus (whose
     ~1,400 pieces make the latency look better than it is; the report says
     which)."""
-    from keras_transformer.data.synthetic import generate_corpus
     from keras_transformer.cli.common import read_lines as read_byte_lines
+    from keras_transformer.data.synthetic import generate_corpus
     from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
 
     def read_lines(path):
@@ -364,7 +364,7 @@ def bench_memory(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="bench",
                         help="'bench' (the shared bench configuration) or a preset name")

@@ -16,7 +16,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", nargs="+", default=["small", "base"])
     p.add_argument("--precisions", nargs="+", default=["float32", "mixed_bfloat16"])

@@ -38,7 +38,7 @@ def classifier():
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)

@@ -45,7 +45,7 @@ def text(value):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("saved_model", help="saved_models/NAME or saved_models/NAME/VERSION")
     parser.add_argument("sentences", nargs="+", help="source sentences")
     parser.add_argument("--beam-size", type=int, help="default: the export's")

@@ -24,7 +24,7 @@ import keras_transformer as kt
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     p.add_argument("--train", nargs="+", required=True, help="a TSV file, or source and target")
     p.add_argument("--valid", nargs="+", required=True, help="the same, for validation")
     p.add_argument("--run-dir", default="runs/fit")

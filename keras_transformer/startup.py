@@ -92,12 +92,12 @@ def add_arguments(parser):
 
 
 def _given(args, flag):
-    """Whether `args` holds `flag` or an abbreviation argparse would expand
-    to it (a prefix of a flag that no other flag shares)."""
+    """Whether `args` holds `flag` (the commands never abbreviate flags:
+    `allow_abbrev=False`)."""
     for arg in args:
         if arg == "--":
             return False
-        if len(arg) > 2 and arg.startswith("--") and flag.startswith(arg):
+        if arg == flag:
             return True
     return False
 

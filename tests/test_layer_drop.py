@@ -105,11 +105,11 @@ def test_kt_train_sets_it_with_set():
     for argv, expected in ((["--run-dir", "r", "--config", "tiny"], 0.0),
                            (["--run-dir", "r", "--config", "tiny", "--set",
                              "layer_drop=0.1"], 0.1)):
-        settings = training_config(parser.parse_args(argv), argv, parser)
+        settings = training_config(parser.parse_args(argv), argv)
         assert model_config(settings, tok, tok).layer_drop == expected
     argv = ["--run-dir", "r", "--config", "tiny", "--set", "layer_drop=1.5"]
     with pytest.raises(ValueError, match=r"`layer_drop` must be in \[0, 1\), received 1\.5"):
-        model_config(training_config(parser.parse_args(argv), argv, parser), tok, tok)
+        model_config(training_config(parser.parse_args(argv), argv), tok, tok)
 
 
 def test_translation_runs_every_layer():

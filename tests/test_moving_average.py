@@ -116,7 +116,7 @@ def test_kt_train_ema_is_a_setting(argv, expected):
     parser = build_parser()
     argv = ["--run-dir", "r", "--data", "builtin", "--src-lang", "en", "--tgt-lang", "synth",
             *argv]
-    settings = training_config(parser.parse_args(argv), argv, parser)
+    settings = training_config(parser.parse_args(argv), argv)
     settings.validate()
     assert settings.ema == expected
 
@@ -150,4 +150,4 @@ def test_kt_train_ema_out_of_range_is_named(value):
     argv = ["--run-dir", "r", "--data", "builtin", "--src-lang", "en", "--tgt-lang", "synth",
             "--ema", value]
     with pytest.raises(ValueError, match=r"--ema must be in \[0, 1\)"):
-        training_config(parser.parse_args(argv), argv, parser).validate()
+        training_config(parser.parse_args(argv), argv).validate()

@@ -89,5 +89,5 @@ def test_kt_train_r_drop_sets_the_model_field():
     for argv, expected in ((["--run-dir", "r", "--config", "tiny"], 0.0),
                            (["--run-dir", "r", "--config", "tiny", "--r-drop", "5"], 5.0),
                            (["--run-dir", "r", "--config", "tiny", "--set", "r_drop=0.5"], 0.5)):
-        settings = training_config(parser.parse_args(argv), argv, parser)
+        settings = training_config(parser.parse_args(argv), argv)
         assert model_config(settings, tok, tok).r_drop == expected

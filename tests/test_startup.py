@@ -118,7 +118,7 @@ def test_the_environment_form_agrees_with_mallopt_and_scripts_venv_sh():
 
 def test_the_flags_are_found_as_argparse_would_find_them():
     assert startup._given(["--run-dir", "x", "--system-malloc"], "--system-malloc")
-    assert startup._given(["--tf-verb"], "--tf-verbose")  # an abbreviation
+    assert not startup._given(["--tf-verb"], "--tf-verbose")  # commands take no abbreviation
     assert not startup._given(["--", "--tf-verbose"], "--tf-verbose")
     assert not startup._given(["--tf-verbosely"], "--tf-verbose")
     assert not startup._given(["-"], "--tf-verbose")

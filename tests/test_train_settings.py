@@ -191,6 +191,48 @@ def test_every_setting_flag_is_a_training_config_field_with_its_default():
         assert getattr(args, name) == field.default, name
 
 
+def test_an_abbreviated_flag_is_refused_and_a_given_flag_wins_over_the_file(tmp_path,
+                                                                             capsys):
+    path = write(tmp_path, "my.yaml", "training:\n  train_steps: 100\n  warmup_steps: 10\n")
+    with pytest.raises(SystemExit) as exit:
+        resolved(BASE + ["--config", path, "--train-step", "500"])
+    assert exit.value.code == 2
+    assert "unrecognized arguments: --train-step 500" in capsys.readouterr().err
+    config = resolved(BASE + ["--config", path, "--train-steps", "500"])
+    assert (config.train_steps, config.warmup_steps) == (500, 10)
+    assert trainer.explicit_settings(BASE + ["--validate-every", "3"]) == {
+        "data", "src_lang", "tgt_lang", "steps_per_epoch"}
+    assert trainer.explicit_settings(BASE + ["--steps-per-epoch", "3"]) == {
+        "data", "src_lang", "tgt_lang", "steps_per_epoch"}
+    assert trainer.explicit_settings(BASE + ["--train-steps=500", "--cache-tokenized"]) == {
+        "data", "src_lang", "tgt_lang", "train_steps", "cache_tokenized"}
+
+
+def test_every_command_refuses_abbreviated_flags():
+    import argparse
+    import importlib
+
+    for name in ("train", "translate", "evaluate", "export", "serve", "average", "visualize",
+                 "demo"):
+        module = importlib.import_module(f"keras_transformer.cli.{name}")
+        parser = module.build_parser()
+        assert isinstance(parser, argparse.ArgumentParser)
+        assert parser.allow_abbrev is False, name
+
+
+def test_the_configuration_page_is_the_fields():
+    import os
+
+    page = os.path.join(os.path.dirname(__file__), "..", "docs", "configuration.md")
+    with open(page, encoding="utf-8") as f:
+        written = f.read()
+    assert written == settings.configuration_markdown(), (
+        "docs/configuration.md differs from the TrainingConfig fields: regenerate it with "
+        "python -m keras_transformer.pipeline.settings > docs/configuration.md")
+    for name, field in settings.settings_fields().items():
+        assert field.metadata["help"] and f"| `{name}` |" in written, name
+
+
 def test_a_script_s_training_config_is_checked_like_the_flags(tmp_path):
     import keras_transformer as kt
 

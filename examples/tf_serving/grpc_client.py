@@ -58,7 +58,7 @@ def translations(response):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("sentences", nargs="+", help="source sentences")
     parser.add_argument("--target", default="localhost:8500",
                         help="the server's gRPC address (default: %(default)s)")

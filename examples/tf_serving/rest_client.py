@@ -57,7 +57,7 @@ def show(title, sentences, outputs):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("sentences", nargs="+", help="source sentences")
     parser.add_argument("--url", default="http://localhost:8501",
                         help="the server's REST address (default: %(default)s)")

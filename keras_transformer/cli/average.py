@@ -12,7 +12,7 @@ from keras_transformer import startup
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="kt-average", description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="kt-average", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--run-dir", required=True, help="a run directory written by kt-train")
     p.add_argument("--num", type=int, default=5, help="how many checkpoints to average")

@@ -9,7 +9,6 @@ import gzip
 import sys
 
 from keras_transformer import startup
-from keras_transformer.decoding.search_options import OPTIONS
 
 
 def translation_parser(prog, description, ctranslate2=False):
@@ -18,6 +17,7 @@ def translation_parser(prog, description, ctranslate2=False):
     decoding defaults from the model, start-up flags; `ctranslate2`: also
     `--ctranslate2-model` and the engine flags (see `add_model_arguments`)."""
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_model_arguments(parser, ctranslate2=ctranslate2, ensemble=True)
@@ -115,7 +115,7 @@ def add_decoding_arguments(parser, defaults_from_model=False, xla=True):
                                  ("min_length", DEFAULT_MIN_LENGTH,
                                   "; a SavedModel's is fixed at export")]:
         add_search_flag(parser, name, None if defaults_from_model else default,
-                        OPTIONS[name].help + paper + note)
+                        "{help}" + paper + note)
     if not xla:
         return
     parser.add_argument("--xla", action=argparse.BooleanOptionalAction, default=True,
@@ -127,17 +127,23 @@ def add_decoding_arguments(parser, defaults_from_model=False, xla=True):
 
 def add_search_flag(parser, name, default, help):
     """`--<name>` (dashes for underscores) with the type of the search
-    option `name` (`decoding.search_options.OPTIONS`); `check_search_flags`
-    holds its value to the option's range."""
+    option `name` (`decoding.search_options.OPTIONS`); `help` may name the
+    option's `{help}` and `{default}`. `check_search_flags` holds its value
+    to the option's range."""
+    from keras_transformer.decoding.search_options import OPTIONS
+
     option = OPTIONS[name]
     parser.add_argument("--" + name.replace("_", "-"),
-                        type=float if option.dtype == "float32" else int,
-                        default=default, help=help)
+                        type=float if option.dtype == "float32" else int, default=default,
+                        help=help.replace("{help}", option.help).replace(
+                            "{default}", str(option.default)))
 
 
 def check_search_flags(parser, args):
     """`parser.error` (exit status 2) naming the first search-option flag
     whose value the option's range refuses."""
+    from keras_transformer.decoding.search_options import OPTIONS
+
     for name, option in OPTIONS.items():
         value = getattr(args, name, None)
         problem = None if value is None else option.problem(value)

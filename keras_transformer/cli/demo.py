@@ -34,7 +34,7 @@ EXAMPLES = 12
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="kt-demo", description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="kt-demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run-dir", default=os.path.join("runs", "demo"),
                    help="run directory (default: %(default)s)")

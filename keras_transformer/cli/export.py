@@ -64,6 +64,7 @@ def build_parser():
     from keras_transformer.export.ctranslate2 import QUANTIZATIONS
 
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="kt-export", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

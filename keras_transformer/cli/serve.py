@@ -43,6 +43,7 @@ def build_parser():
     from keras_transformer.serving import limits
 
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="kt-serve", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

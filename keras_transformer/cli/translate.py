@@ -64,10 +64,8 @@ from keras_transformer.cli.common import (
     run_command,
     translation_parser,
 )
-from keras_transformer.decoding.search_options import OPTIONS
 
-SAMPLING_DEFAULTS = {name: OPTIONS[name].default
-                     for name in ("temperature", "top_k", "top_p", "seed")}
+SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "seed")
 
 
 def build_parser():
@@ -86,8 +84,7 @@ def build_parser():
     group.add_argument("--sampling", action="store_true",
                        help="sample each translation instead of beam search")
     for name in ("temperature", "top_k", "top_p", "seed"):
-        add_search_flag(group, name, None, f"with --sampling: {OPTIONS[name].help} "
-                        f"(default: {OPTIONS[name].default})")
+        add_search_flag(group, name, None, "with --sampling: {help} (default: {default})")
     return parser
 
 
@@ -107,7 +104,7 @@ def check_arguments(parser, args):
                          f"({args.beam_size})")
         if args.scores:
             parser.error("--scores does not apply to --n-best (its lines carry the scores)")
-    given = [name for name in SAMPLING_DEFAULTS if getattr(args, name) is not None]
+    given = [name for name in SAMPLING_OPTIONS if getattr(args, name) is not None]
     if not args.sampling:
         if given:
             parser.error(f"--{given[0].replace('_', '-')} needs --sampling")
@@ -138,8 +135,10 @@ def translate(argv=None, stdout=None):
                  for i, nbest in enumerate(result) for t, s in nbest]
     else:
         if args.sampling:
-            options = {name: SAMPLING_DEFAULTS[name] if getattr(args, name) is None
-                       else getattr(args, name) for name in SAMPLING_DEFAULTS}
+            from keras_transformer.decoding.search_options import OPTIONS
+
+            options = {name: OPTIONS[name].default if getattr(args, name) is None
+                       else getattr(args, name) for name in SAMPLING_OPTIONS}
             result = translator.sample(sentences, extra_length=args.extra_length,
                                        batch_size=args.batch_size, **options)
         else:

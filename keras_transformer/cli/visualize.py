@@ -67,7 +67,7 @@ def visualize(run_dir, sentence, output_dir, checkpoint=None, beam_size=None, al
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="kt-visualize", description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="kt-visualize", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", required=True, help="a training run directory")
     parser.add_argument("--sentence", required=True, help="source sentence to translate")

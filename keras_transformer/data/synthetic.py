@@ -352,6 +352,7 @@ def write_tsv(directory, seed=0, num_train=40000, num_val=500, num_test=500):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="python -m keras_transformer.data.synthetic",
         description="Writes the built-in corpus (kt-train --data builtin) as TSV files: "
                     "DIR/train.tsv, DIR/val.tsv, DIR/test.tsv, one English<TAB>synthetic "

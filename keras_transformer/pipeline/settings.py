@@ -27,8 +27,56 @@ from keras_transformer.training.strategy import PRECISIONS, STRATEGIES
 DEFAULT_SUBWORD_NBEST = 64
 
 
-def _setting(default, kind, choices=None):
-    return dataclasses.field(default=default, metadata={"kind": kind, "choices": choices})
+# The groups of kt-train's --help and docs/configuration.md, in order.
+DATA, VOCABULARY, MODEL = "data", "vocabulary", "model"
+OPTIMISATION = "optimisation"
+VALIDATION = "validation, checkpoint selection and early stopping"
+CHECKPOINTS = "checkpoints and logging"
+GROUP_NOTES = {DATA: "Either --data (a named source) or files by path; per split, paths win."}
+
+
+def _setting(default, kind, group, help, choices=None, minimum=None, maximum=None,
+             open_minimum=False, open_maximum=False, metavar=None, flag=None, aliases=()):
+    """A setting: a field whose metadata declares its kt-train `flag`
+    (default: the name with dashes) and `aliases`, `help`, `group`,
+    `choices`, and range
+    (`minimum`/`maximum`, `open_*`: the bound itself excluded); `validate`
+    checks the range and `build_parser` and docs/configuration.md read the
+    rest."""
+    return dataclasses.field(default=default, metadata={
+        "kind": kind, "group": group, "help": help, "choices": choices,
+        "range": (minimum, maximum, open_minimum, open_maximum), "metavar": metavar,
+        "flag": flag, "aliases": aliases})
+
+
+def _positive(default, group, help, kind=int, **more):
+    return _setting(default, kind, group, help, minimum=0, open_minimum=True, **more)
+
+
+def _split_file(split, what, side):
+    words = {"src": f"{what} source sentences, one per line (plain or gzipped)",
+             "tgt": f"{what} target sentences, aligned line by line with --{split}-src",
+             "tsv": f"{what} pairs, one `source<TAB>target` per line (plain or gzipped)"}
+    return _setting(None, str, DATA, words[side])
+
+
+def range_words(field):
+    """A setting's range in words ("positive", "at least 2", "in [0, 1)"),
+    or None."""
+    low, high, open_low, open_high = field.metadata["range"]
+    if low is None and high is None:
+        return None
+    if high is None:
+        return "positive" if (low == 0 and open_low) else f"at least {low}"
+    return f"in {'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
+
+
+def in_range(field, value):
+    """Whether `value` (a number) is in the setting's range; NaN never is."""
+    low, high, open_low, open_high = field.metadata["range"]
+    if low is not None and not (value > low if open_low else value >= low):
+        return False
+    return high is None or (value < high if open_high else value <= high)
 
 
 @dataclasses.dataclass
@@ -61,75 +109,147 @@ class TrainingConfig:
     """
 
     run_dir: str = None
-    # Data.
-    data: str = _setting(None, str)
-    src_lang: str = _setting(None, str)
-    tgt_lang: str = _setting(None, str)
-    train_split: str = _setting("train", str)
-    valid_split: str = _setting("validation", str)
-    test_split: str = _setting("", str)
-    train_src: str = _setting(None, str)
-    train_tgt: str = _setting(None, str)
-    train_tsv: str = _setting(None, str)
-    valid_src: str = _setting(None, str)
-    valid_tgt: str = _setting(None, str)
-    valid_tsv: str = _setting(None, str)
-    test_src: str = _setting(None, str)
-    test_tgt: str = _setting(None, str)
-    test_tsv: str = _setting(None, str)
-    max_length: int = _setting(256, int)
-    batch_tokens: int = _setting(4096, int)
-    shuffle_buffer: int = _setting(100_000, int)
-    cache_tokenized: bool = _setting(False, bool)
-    input_autotune: str = _setting("on", str, ("on", "off"))
-    subword_sampling: float = _setting(None, float)
-    subword_nbest: int = _setting(None, int)
-    seed: int = _setting(1, int)
-    # Vocabulary.
-    vocab: str = _setting(None, str)
-    src_vocab: str = _setting(None, str)
-    tgt_vocab: str = _setting(None, str)
-    separate_vocab: bool = _setting(False, bool)
-    vocab_size: int = _setting(37000, int)
-    src_vocab_size: int = _setting(None, int)
-    tgt_vocab_size: int = _setting(None, int)
-    vocab_model_type: str = _setting("unigram", str, ("unigram", "bpe"))
-    character_coverage: float = _setting(1.0, float)
-    vocab_sentences: int = _setting(1_000_000, int)
-    # Model.
+    data: str = _setting(
+        None, str, DATA, "`text:<dir of <split>.<lang>[.gz]>`, `tfds:<name>/<config>`, or "
+        "`builtin` (the generated en <-> synth corpus)")
+    src_lang: str = _setting(None, str, DATA, "source language suffix/feature, e.g. en "
+                             "(needed by --data)")
+    tgt_lang: str = _setting(None, str, DATA, "target language suffix/feature, e.g. de "
+                             "(needed by --data)")
+    train_split: str = _setting("train", str, DATA, "split of --data to train on")
+    valid_split: str = _setting("validation", str, DATA, "split of --data to validate on; "
+                                "'' disables validation")
+    test_split: str = _setting("", str, DATA, "split of --data translated and scored at "
+                               "the end ('' : none)")
+    train_src: str = _split_file("train", "training", "src")
+    train_tgt: str = _split_file("train", "training", "tgt")
+    train_tsv: str = _split_file("train", "training", "tsv")
+    valid_src: str = _split_file("valid", "validation", "src")
+    valid_tgt: str = _split_file("valid", "validation", "tgt")
+    valid_tsv: str = _split_file("valid", "validation", "tsv")
+    test_src: str = _split_file("test", "test", "src")
+    test_tgt: str = _split_file("test", "test", "tgt")
+    test_tsv: str = _split_file("test", "test", "tsv")
+    max_length: int = _positive(256, DATA, "drop training pairs with a side longer than "
+                                "this many tokens (counted, logged)")
+    batch_tokens: int = _positive(4096, DATA, "token budget per batch, per replica and side, "
+                                  "padding included (paper: ~25000 per step over 8 GPUs)")
+    shuffle_buffer: int = _setting(100_000, int, DATA, "pairs")
+    cache_tokenized: bool = _setting(
+        False, bool, DATA, "tokenize the training pairs once and keep their ids in memory "
+        "(saves the CPU that tokenizing every epoch takes; the ids of every pair must fit "
+        "in memory: fine for Multi30k, ~1.5 GB for WMT14)")
+    input_autotune: str = _setting(
+        "on", str, DATA, "tf.data autotuning of the training stream. Off spares the wait of "
+        "up to a minute that deleting an autotuned iterator can cost when training ends: "
+        "worth it for runs of minutes", choices=("on", "off"))
+    subword_sampling: float = _positive(
+        None, DATA, "subword regularization (Kudo 2018): each training pair's sides get a "
+        "segmentation drawn from their --subword-nbest most likely ones with probability "
+        "P^ALPHA, anew every epoch (0.1-0.5; unigram vocabularies; the candidates are kept "
+        "in memory). Validation, BLEU and translation keep the best segmentation",
+        kind=float, metavar="ALPHA")
+    subword_nbest: int = _setting(
+        None, int, DATA, f"candidates per sentence for --subword-sampling (default "
+        f"{DEFAULT_SUBWORD_NBEST})", minimum=2, metavar="L")
+    seed: int = _setting(1, int, DATA, "weights, dropout and data order; a resumed run keeps "
+                         "its seed")
+    vocab: str = _setting(None, str, VOCABULARY, "an existing SentencePiece model to use as "
+                          "the shared vocabulary (instead of training one)")
+    src_vocab: str = _setting(None, str, VOCABULARY, "an existing SentencePiece model for "
+                              "the source side (with --tgt-vocab)")
+    tgt_vocab: str = _setting(None, str, VOCABULARY, "an existing SentencePiece model for "
+                              "the target side (with --src-vocab)")
+    separate_vocab: bool = _setting(False, bool, VOCABULARY, "train separate source and "
+                                    "target vocabularies (default: one shared, paper 3.4)")
+    vocab_size: int = _positive(37000, VOCABULARY, "pieces of a trained vocabulary (paper: "
+                                "37000 shared for en-de)")
+    src_vocab_size: int = _positive(None, VOCABULARY, "with --separate-vocab: source pieces "
+                                    "(default --vocab-size)")
+    tgt_vocab_size: int = _positive(None, VOCABULARY, "with --separate-vocab: target pieces "
+                                    "(default --vocab-size)")
+    vocab_model_type: str = _setting("unigram", str, VOCABULARY, "SentencePiece algorithm of "
+                                     "a trained vocabulary", choices=("unigram", "bpe"))
+    character_coverage: float = _setting(
+        1.0, float, VOCABULARY, "share of characters a trained vocabulary covers (1.0 for "
+        "alphabetic scripts; ~0.9995 for Chinese or Japanese), the rest by byte fallback",
+        minimum=0, maximum=1, open_minimum=True)
+    vocab_sentences: int = _positive(1_000_000, VOCABULARY, "training pairs read to train "
+                                     "the vocabulary")
     config: str = None
     model_settings: dict = dataclasses.field(default_factory=dict)
     config_file: str = None
-    dropout: float = _setting(None, float)
-    r_drop: float = _setting(None, float)
-    position_encoding: str = _setting(None, str, ("sinusoidal", "learned", "none"))
-    init_from: str = _setting(None, str)
-    keep_optimizer: bool = _setting(False, bool)
-    # Optimisation.
-    train_steps: int = _setting(100_000, int)
-    max_minutes: float = _setting(None, float)
-    warmup_steps: int = _setting(4000, int)
-    lr_scale: float = _setting(1.0, float)
-    ema: float = _setting(0.0, float)
-    accumulation_steps: int = _setting(1, int)
-    precision: str = _setting("auto", str, ("auto",) + PRECISIONS)
-    strategy: str = _setting(None, str, STRATEGIES)
-    logical_cpus: int = _setting(0, int)
-    steps_per_execution: int = _setting(1, int)
-    jit_compile: bool = _setting(False, bool)
-    # Validation, checkpoint selection and early stopping.
-    steps_per_epoch: int = _setting(1000, int)
-    bleu_sentences: int = _setting(200, int)
-    bleu_search: str = _setting("beam", str, ("beam", "greedy"))
-    best_metric: str = _setting(None, str, ("bleu", "loss"))
-    keep_best: int = _setting(3, int)
-    early_stopping_patience: int = _setting(None, int)
-    # Checkpoints and logging.
-    checkpoint_every: int = _setting(1000, int)
-    keep_checkpoints: int = _setting(20, int)
-    log_every: int = _setting(100, int)
-    verbose: int = _setting(1, int, (0, 1, 2))
-    wait_for_chief: float = _setting(600.0, float)
+    dropout: float = _setting(None, float, MODEL, "override P_drop")
+    r_drop: float = _setting(
+        None, float, MODEL, "R-Drop: each batch twice, with the symmetric KL between the two "
+        "passes' distributions weighted ALPHA added to the loss (about twice the compute "
+        "per update; 0: off, the default)", metavar="ALPHA")
+    position_encoding: str = _setting(
+        None, str, MODEL, "override the positional encoding ('none': an ablation)",
+        choices=("sinusoidal", "learned", "none"))
+    init_from: str = _setting(
+        None, str, MODEL, "fine-tune: start a new run from a trained run's weights (its "
+        "averaged, best or last checkpoint, as kt-translate chooses) or from a checkpoint "
+        "prefix; same vocabulary and architecture, fresh optimizer and schedule",
+        metavar="RUN_DIR|CHECKPOINT")
+    keep_optimizer: bool = _setting(False, bool, MODEL, "with --init-from a training "
+                                    "checkpoint: also take its optimizer slots and step "
+                                    "(the schedule continues)")
+    train_steps: int = _positive(100_000, OPTIMISATION, "total optimizer updates (paper: "
+                                 "100k base, 300k big)")
+    max_minutes: float = _positive(
+        None, OPTIMISATION, "also stop after this much training wall time (validation "
+        "included), with a checkpoint, like fairseq's --stop-time-hours; one-process "
+        "strategies only", kind=float)
+    warmup_steps: int = _positive(4000, OPTIMISATION, "updates of linear warm-up of the "
+                                  "learning rate (paper 5.3)")
+    lr_scale: float = _setting(1.0, float, OPTIMISATION, "multiplies the schedule")
+    ema: float = _setting(
+        0.0, float, OPTIMISATION, "keep an exponential moving average of the weights, "
+        "average = DECAY * average + (1 - DECAY) * weights after each update, and validate, "
+        "select best checkpoints and end with it (e.g. 0.999; 0: off, the default)",
+        minimum=0, maximum=1, open_maximum=True, metavar="DECAY")
+    accumulation_steps: int = _positive(1, OPTIMISATION, "micro-batches per update "
+                                        "(effective batch = batch-tokens x replicas x this)")
+    precision: str = _setting(
+        "auto", str, OPTIMISATION, "auto: mixed_bfloat16 where the CPU or GPU multiplies "
+        "bfloat16 in hardware (AVX512-BF16/AMX CPUs, Ampere or later GPUs), else float32; "
+        "the choice is printed and recorded in train_args.json. mixed_float16 adds dynamic "
+        "loss scaling", choices=("auto",) + PRECISIONS)
+    strategy: str = _setting(None, str, OPTIMISATION, "default: mirrored with more than one "
+                             "GPU, else one_device", choices=STRATEGIES)
+    logical_cpus: int = _setting(0, int, OPTIMISATION, "split the CPU into N devices for "
+                                 "`mirrored` (testing without GPUs)")
+    steps_per_execution: int = _positive(1, OPTIMISATION, "updates per call into the "
+                                         "compiled training step (Keras' steps_per_execution)")
+    jit_compile: bool = _setting(
+        False, bool, OPTIMISATION, "compile the training and validation steps with XLA; "
+        "batches are then padded to their length bucket's longest length (one shape, so one "
+        "compilation, per bucket). Keras leaves XLA off under any tf.distribute strategy, "
+        "and so by default does this trainer (docs/training.md: when it pays)")
+    steps_per_epoch: int = _positive(
+        1000, VALIDATION, "updates between validations (validation loss, and BLEU with "
+        "--bleu-sentences)", flag="--validate-every", aliases=("--steps-per-epoch",))
+    bleu_sentences: int = _setting(200, int, VALIDATION, "validation sentences translated "
+                                   "for BLEU (sacreBLEU) at every validation; 0 disables",
+                                   minimum=0)
+    bleu_search: str = _setting("beam", str, VALIDATION, "how validation sentences are "
+                                "translated (beam: 4, alpha 0.6)", choices=("beam", "greedy"))
+    best_metric: str = _setting(None, str, VALIDATION, "what chooses the best checkpoints "
+                                "(default: bleu when --bleu-sentences > 0, else loss)",
+                                choices=("bleu", "loss"))
+    keep_best: int = _setting(3, int, VALIDATION, "keep the best K checkpoints (model "
+                              "weights) in RUN_DIR/best/; 0 disables", minimum=0)
+    early_stopping_patience: int = _positive(None, VALIDATION, "stop after this many "
+                                             "validations in a row without a new best")
+    checkpoint_every: int = _setting(1000, int, CHECKPOINTS, "updates (0: only at the end)")
+    keep_checkpoints: int = _positive(20, CHECKPOINTS, "keep the last K (average 5 for base, "
+                                      "20 for big)")
+    log_every: int = _positive(100, CHECKPOINTS, "TensorBoard interval in updates")
+    verbose: int = _setting(1, int, CHECKPOINTS, "1: progress bar, 2: one line per epoch",
+                            choices=(0, 1, 2))
+    wait_for_chief: float = _setting(600.0, float, CHECKPOINTS, "seconds a non-chief worker "
+                                     "waits for the chief's vocabulary")
 
     @classmethod
     def from_file(cls, path, **values):
@@ -299,7 +419,10 @@ JIT_WITH_REPLICAS = ("--jit-compile needs one device; the {} strategy runs repli
 
 
 def _flag(name):
-    return "--" + name.replace("_", "-")
+    """A setting's kt-train flag."""
+    field = settings_fields().get(name)
+    flag = field.metadata.get("flag") if field is not None else None
+    return flag or "--" + name.replace("_", "-")
 
 
 def validate(config):
@@ -314,31 +437,16 @@ def validate(config):
             and not isinstance(value, bool))
         if not ok:
             raise ValueError(f"{_flag(name)} must be {kind.__name__}, received {value!r}.")
-    positive = ("max_length", "batch_tokens", "vocab_size", "vocab_sentences", "train_steps",
-                "warmup_steps", "accumulation_steps", "steps_per_execution", "keep_checkpoints",
-                "steps_per_epoch", "log_every")
-    for name in positive:
-        if getattr(config, name) <= 0:
-            raise ValueError(f"{_flag(name)} must be positive, received "
-                             f"{getattr(config, name)}.")
-    for name in ("src_vocab_size", "tgt_vocab_size", "early_stopping_patience"):
-        value = getattr(config, name, None)
-        if value is not None and value <= 0:
-            raise ValueError(f"{_flag(name)} must be positive, received {value}.")
-    for name in ("keep_best", "bleu_sentences"):
-        if getattr(config, name) < 0:
-            raise ValueError(f"{_flag(name)} must be >= 0, received "
-                             f"{getattr(config, name)}.")
+    for name, field in settings_fields().items():
+        value = getattr(config, name)
+        if value is not None and field.metadata["kind"] in (int, float) \
+                and not in_range(field, value):
+            raise ValueError(f"{_flag(name)} must be {range_words(field)}, received {value}.")
     for name, field in settings_fields().items():
         choices, value = field.metadata["choices"], getattr(config, name)
         if choices is not None and value is not None and value not in choices:
             raise ValueError(f"{_flag(name)} must be one of {list(choices)}, received "
                              f"{value!r}.")
-    if not 0.0 <= config.ema < 1.0:
-        raise ValueError(f"--ema must be in [0, 1), received {config.ema}.")
-    if not 0.0 < config.character_coverage <= 1.0:
-        raise ValueError(f"--character-coverage must be in (0, 1], received "
-                         f"{config.character_coverage}.")
     if config.batch_tokens < config.max_length:
         raise ValueError(f"--batch-tokens ({config.batch_tokens}) must be at least "
                          f"--max-length ({config.max_length}).")
@@ -347,8 +455,6 @@ def validate(config):
     if config.jit_compile and config.strategy in ("mirrored", "multi_worker_mirrored"):
         raise ValueError(JIT_WITH_REPLICAS.format(config.strategy))
     if config.max_minutes is not None:
-        if config.max_minutes <= 0:
-            raise ValueError(f"--max-minutes must be positive, received {config.max_minutes}.")
         if config.strategy == "multi_worker_mirrored":
             # Workers' clocks would stop them at different steps, and the
             # others would wait forever in the next all-reduce.
@@ -371,15 +477,9 @@ def validate(config):
     if config.early_stopping_patience and not has_validation(config):
         raise ValueError("--early-stopping-patience needs validation data (--valid-split of "
                          "--data, --valid-src/--valid-tgt or --valid-tsv).")
-    if config.subword_sampling is not None and not config.subword_sampling > 0:
-        raise ValueError(f"--subword-sampling must be positive, received "
-                         f"{config.subword_sampling}.")
     if config.subword_nbest is not None:
         if config.subword_sampling is None:
             raise ValueError("--subword-nbest applies to --subword-sampling only.")
-        if config.subword_nbest < 2:
-            raise ValueError(f"--subword-nbest must be at least 2, received "
-                             f"{config.subword_nbest}.")
     if config.best_metric == "bleu" and not config.bleu_sentences:
         raise ValueError("--best-metric bleu needs --bleu-sentences > 0.")
 
@@ -417,3 +517,61 @@ def _validate_data(config):
 def has_validation(config):
     """True when the run has validation data."""
     return bool(split_files(config, "valid") or (config.data and config.valid_split))
+
+
+def configuration_markdown():
+    """docs/configuration.md: every setting, by group, as its YAML key (the
+    field name, in a settings file's `training:` section), its kt-train
+    flag, type, default, range or choices, and help. Generated from the
+    fields; `python -m keras_transformer.pipeline.settings` prints it and a
+    test holds the file to it."""
+    lines = [
+        "# Configuration: every kt-train setting",
+        "",
+        "<!-- Generated by `python -m keras_transformer.pipeline.settings "
+        "> docs/configuration.md`",
+        "     from the `TrainingConfig` fields; tests/test_train_settings.py fails when "
+        "they differ. -->",
+        "",
+        "A setting has one name: the `TrainingConfig` field, the key of a settings "
+        "file's `training:` section, and (with dashes) the kt-train flag. Precedence, "
+        "lowest first: the default below, the file given with `--config`, flags given "
+        "on the command line, then `--set KEY=VALUE`. Flags are never abbreviated. A "
+        "file's `model:` section holds `TransformerConfig` fields (docs/api.md) and "
+        "`preset`.",
+        "",
+        "```yaml",
+        "model:",
+        "  preset: small",
+        "  dropout: 0.3",
+        "training:",
+        "  batch_tokens: 4096",
+        "  train_steps: 20000",
+        "```",
+        "",
+    ]
+    groups = {}
+    for name, field in settings_fields().items():
+        groups.setdefault(field.metadata["group"], []).append((name, field))
+    for group, fields in groups.items():
+        lines += [f"## {group[0].upper()}{group[1:]}", ""]
+        if group in GROUP_NOTES:
+            lines += [GROUP_NOTES[group], ""]
+        lines += ["| key | flag | type | default | allowed | what it does |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for name, field in fields:
+            meta = field.metadata
+            flags = ", ".join(f"`{flag}`" for flag in [_flag(name), *meta["aliases"]])
+            choices = meta["choices"]
+            allowed = (", ".join(f"`{c}`" for c in choices) if choices
+                       else range_words(field) or "")
+            default = "none" if field.default is None else f"`{field.default!r}`"
+            help = meta["help"].replace("|", "\\|")
+            lines.append(f"| `{name}` | {flags} | {meta['kind'].__name__} | {default} | "
+                         f"{allowed} | {help} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(configuration_markdown(), end="")
