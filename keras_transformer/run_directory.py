@@ -25,9 +25,10 @@ previous checkpoint as the latest. Every other file here is written with
 
 `resolve_checkpoint(selector)` turns a `--checkpoint` selector (auto, last,
 best, averaged, best:K, last:K or a prefix) into a prefix and a sentence
-saying why; `load_model` prints that sentence. The averaging that `best:K`
-and `last:K` do is `training.checkpoints.average_checkpoints`; this module
-only says where checkpoints are and what they are.
+saying why; `load_model` prints that sentence. A `best:K` or `last:K`
+selector asks for an averaging first, which its caller does
+(`training.checkpoints.averaged_if_asked`): this module only says where
+checkpoints are and what they are, and writes none.
 """
 
 import fcntl
@@ -41,7 +42,6 @@ import tensorflow as tf
 from keras_transformer.config import TransformerConfig
 from keras_transformer.files import write_atomically
 from keras_transformer.tokenizer import SubwordTokenizer
-from keras_transformer.training.checkpoints import average_checkpoints, checkpoint_step
 from keras_transformer.transformer import Transformer
 
 CONFIG_FILE = "config.json"
@@ -60,6 +60,14 @@ LOCK_FILE = ".lock"
 # process's, and closing any descriptor of the file would release it, so
 # each lock file stays open until the process ends.
 _LOCKED = {}
+
+
+def checkpoint_step(prefix):
+    """The step of a `.../ckpt-<step>` prefix. Raises ValueError otherwise."""
+    match = re.fullmatch(r".*-(\d+)", os.path.basename(prefix))
+    if not match:
+        raise ValueError(f"{prefix} is not a checkpoint prefix of the form .../ckpt-<step>.")
+    return int(match.group(1))
 
 
 class RunDirectory:
@@ -323,8 +331,9 @@ class RunDirectory:
             "last", "best", "averaged": the latest training checkpoint, the
                 best validated checkpoint, the averaged checkpoint (even when
                 stale; the reason then says so).
-            "best:K", "last:K": averages the best / last K checkpoints now into
-                `averaged/` (replacing what is there) and returns that.
+            "best:K", "last:K": a ValueError; their caller averages first
+                (`training.checkpoints.averaged_if_asked`, which turns them
+                into "averaged").
             anything else: a checkpoint prefix (absolute, relative to the
                 working directory, or relative to the run directory).
 
@@ -344,13 +353,10 @@ class RunDirectory:
             return self._resolve_best()
         if selector == "averaged":
             return self._resolve_averaged()
-        match = re.fullmatch(r"(best|last):(\d+)", selector)
-        if match:
-            count = int(match.group(2))
-            if count < 1:
-                raise ValueError(f"--checkpoint {selector}: K must be >= 1.")
-            average_checkpoints(self, count, source=match.group(1))
-            return self._resolve_averaged()
+        if re.fullmatch(r"(best|last):\d+", selector):
+            raise ValueError(
+                f"--checkpoint {selector} averages checkpoints first: pass it through "
+                "keras_transformer.training.checkpoints.averaged_if_asked(run, selector).")
         if re.fullmatch(r"[a-z]+:.*", selector) and not os.path.exists(selector + ".index"):
             raise ValueError(
                 f"Unknown checkpoint selector {selector!r}: use auto, last, best, averaged, "

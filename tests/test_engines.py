@@ -13,7 +13,7 @@ import tensorflow as tf
 import keras_transformer as kt
 from keras_transformer.decoding import DEFAULT_ALPHA, DEFAULT_BEAM_SIZE, DEFAULT_EXTRA_LENGTH
 from keras_transformer.export import engine
-from keras_transformer.export.client import RestClient
+from keras_transformer.serving.client import RestClient
 from keras_transformer.export.ctranslate2 import CTranslate2Translator, export_ctranslate2
 from keras_transformer.export.engine import SIGNATURES, ExplainingEngine, TranslationEngine
 from keras_transformer.export.saved_model import SavedModelTranslator
@@ -118,7 +118,10 @@ def test_the_scan_finds_a_spelled_out_name():
 
 
 def test_the_translators_serving_functions_are_named_after_their_signatures():
-    functions = {name for name, value in vars(Translator).items()
+    from keras_transformer.export.signatures import TranslatorModule
+
+    assert issubclass(Translator, TranslatorModule)
+    functions = {name for name, value in vars(TranslatorModule).items()
                  if isinstance(value, tf.types.experimental.PolymorphicFunction)}
     assert functions == {f"signature_{name}" for name in SIGNATURES}
     tokenizer = SubwordTokenizer(train_sentencepiece(CORPUS, vocab_size=400))

@@ -14,7 +14,8 @@ from test_translate_cli import make_run_directory
 import keras_transformer as kt
 from keras_transformer.cli import evaluate, translate
 from keras_transformer.decoding import beam_search_translate
-from keras_transformer.export.translator import Translator, translator_from_run_directory
+from keras_transformer.export.loading import translator_from_run_directory
+from keras_transformer.export.translator import Translator
 from keras_transformer.run_directory import RunDirectory
 from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
 

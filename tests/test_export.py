@@ -14,15 +14,15 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_tokenizer import CORPUS
 
 import keras_transformer as kt
 from keras_transformer.decoding import beam_search_translate, greedy_translate
 from keras_transformer.export import Translator, export_translator
 from keras_transformer.export.engine import SIGNATURES
 from keras_transformer.export.saved_model import read_metadata, versions
-from keras_transformer.export.translator import sanitize_utf8
+from keras_transformer.export.signatures import sanitize_utf8
 from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
-from test_tokenizer import CORPUS
 
 MAX_LENGTH = 20
 SENTENCES = ["A man rides his bike across the bridge.", "Two dogs", "Die Mädchen."]
@@ -321,7 +321,7 @@ def test_test_set_translation_compiles_one_search_per_16_token_source_bucket():
     # Translating a test set compiles the search once per source-length
     # bucket, and compiling is most of the time there: buckets of 16 tokens
     # (TEST_SET_LENGTH_BUCKET), where a server's signature uses 8.
-    from keras_transformer.export.translator import (
+    from keras_transformer.export.signatures import (
         SOURCE_LENGTH_BUCKET,
         TEST_SET_LENGTH_BUCKET,
     )

@@ -25,7 +25,8 @@ RANKS = [
     {"layers"},
     {"transformer", "losses", "r_drop", "schedules", "metrics", ""},  # "": the package's facade
     {"decoding", "data", "evaluation", "visualization"},
-    {"run_directory", "training"},
+    {"run_directory"},  # where a run's files are; writes no checkpoint
+    {"training"},
     {"export"},
     {"pipeline"},  # the training pipeline as a library: validation BLEU translates
     {"serving"},

@@ -10,7 +10,7 @@ from test_tokenizer import CORPUS
 
 import keras_transformer as kt
 from keras_transformer.export import Translator, nbest_in_batches, translate_in_batches
-from keras_transformer.export.translator import nbest_beam_size
+from keras_transformer.export.option_checks import nbest_beam_size
 from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
 
 

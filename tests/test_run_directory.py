@@ -13,7 +13,7 @@ import tensorflow as tf
 import keras_transformer as kt
 from keras_transformer.run_directory import RunDirectory
 from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
-from keras_transformer.training.checkpoints import average_checkpoints
+from keras_transformer.training.checkpoints import average_checkpoints, averaged_if_asked
 from test_tokenizer import CORPUS
 
 
@@ -153,9 +153,9 @@ def test_nothing_to_load_names_the_directories(tmp_path, tiny_config):
     with pytest.raises(FileNotFoundError, match="No training checkpoint in .*checkpoints"):
         run.resolve_checkpoint()
     with pytest.raises(FileNotFoundError, match="No checkpoints in"):
-        run.resolve_checkpoint("last:2")
+        run.resolve_checkpoint(averaged_if_asked(run, "last:2"))
     with pytest.raises(FileNotFoundError, match="No best checkpoints in .*best"):
-        run.resolve_checkpoint("best:2")
+        run.resolve_checkpoint(averaged_if_asked(run, "best:2"))
 
 
 def test_averaged_sources_and_staleness(tmp_path, tiny_config, capsys):
@@ -231,7 +231,12 @@ def test_best_k_and_last_k_average_the_right_checkpoints(tmp_path, tiny_config, 
     # best by BLEU: 300, 100, 400 (so best:2 is {100, 300}, last:2 is {300, 400}).
     save_best(run, model, [(300, 20.0), (100, 18.0), (400, 11.0)])
     expected_steps = [300, 400] if selector == "last:2" else [100, 300]
-    prefix, reason = run.resolve_checkpoint(selector)
+    # The run directory writes no checkpoint: the averaging is its caller's.
+    with pytest.raises(ValueError, match="averages checkpoints first"):
+        run.resolve_checkpoint(selector)
+    assert run.averaged_checkpoint() is None
+    assert averaged_if_asked(run, "best") == "best"
+    prefix, reason = run.resolve_checkpoint(averaged_if_asked(run, selector))
     assert prefix == os.path.join(run.averaged_dir, f"ckpt-{expected_steps[-1]}")
     if selector == "last:2":
         assert reason == "averaged/ckpt-400: the average of ckpt-300..ckpt-400 (last 2)"
@@ -258,7 +263,7 @@ def test_best_k_and_last_k_average_the_right_checkpoints(tmp_path, tiny_config, 
     assert run.averaged_staleness() == (False, None)
     assert run.resolve_checkpoint()[0] == prefix
     with pytest.raises(ValueError, match="keeps only 3"):
-        run.resolve_checkpoint("best:4")
+        averaged_if_asked(run, "best:4")
 
 
 # Commands --------------------------------------------------------------------

@@ -20,7 +20,7 @@ import requests
 from support.processes import ROOT
 from support.serving_model import export_tiny_versions, start_server, stop_server
 
-from keras_transformer.export.client import RestClient, ServingError
+from keras_transformer.serving.client import RestClient, ServingError
 from keras_transformer.serving import rest_api
 from keras_transformer.serving.batching import (
     BatchScheduler,

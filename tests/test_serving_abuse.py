@@ -293,7 +293,7 @@ def test_grpc_model_status_and_metadata(server, stub):
 
 def test_the_package_s_grpc_client_translates_through_kt_serve(server):
     pytest.importorskip("tensorflow_serving")
-    from keras_transformer.export.client import GrpcClient, RestClient
+    from keras_transformer.serving.client import GrpcClient, RestClient
 
     sentences = ["the dog sees a cat", "a red house"]
     through_grpc = GrpcClient(server["process"].grpc_target, model=NAME).translate(sentences)

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from keras_transformer.export.client import RestClient, ServingError
+from keras_transformer.serving.client import RestClient, ServingError
 
 pytest.importorskip("requests")
 

@@ -148,13 +148,14 @@ def export(argv=None):
     """
     from keras_transformer.export import export_translator, translator_from_run_directory
     from keras_transformer.run_directory import RunDirectory
+    from keras_transformer.training.checkpoints import averaged_if_asked
 
     parser = build_parser()
     args = parser.parse_args(argv)
     check_arguments(parser, args)
     run = RunDirectory(args.run_dir)
-    # Resolved once: "best:K" / "last:K" average as a side effect.
-    prefix, reason = run.resolve_checkpoint(args.checkpoint)
+    # Resolved once: "best:K" / "last:K" average here, then read "averaged".
+    prefix, reason = run.resolve_checkpoint(averaged_if_asked(run, args.checkpoint))
     # stderr: stdout is the SavedModel's path alone, for scripts.
     print(f"Exporting {reason}", file=sys.stderr, flush=True)
     name = args.name or os.path.basename(os.path.normpath(args.run_dir))

@@ -27,6 +27,7 @@ def visualize(run_dir, sentence, output_dir, checkpoint=None, beam_size=None, al
 
     from keras_transformer.decoding import DEFAULT_ALPHA, DEFAULT_BEAM_SIZE, beam_search_translate
     from keras_transformer.run_directory import RunDirectory
+    from keras_transformer.training.checkpoints import averaged_if_asked
     from keras_transformer.visualization import (
         plot_positional_encoding,
         plot_translation_attention,
@@ -36,7 +37,7 @@ def visualize(run_dir, sentence, output_dir, checkpoint=None, beam_size=None, al
     require_matplotlib()  # before the run is loaded and the sentence decoded
     run = RunDirectory(run_dir)
     source_tokenizer, tokenizer = run.load_tokenizers()
-    model = run.load_model(checkpoint)
+    model = run.load_model(averaged_if_asked(run, checkpoint))
     source = source_tokenizer.tokenize(tf.constant([sentence])).to_list()[0]
     if not source:
         raise ValueError("The sentence is empty after tokenization; nothing to visualise.")

@@ -2,8 +2,8 @@
 error message of every option a translation request or command may set.
 
 The Python engines (`export.translator.Translator`, the CTranslate2
-translator), the SavedModel's graph checks (`export.translator` builds
-its `tf.debugging.Assert`s from `SearchOption.graph_condition` data),
+translator), the SavedModel's graph checks (`export.option_checks`
+builds its `tf.debugging.Assert`s from the same fields),
 the servers (`serving.app` checks a request's options before it measures
 its work) and the command-line flags (`cli.translate`) all read
 `OPTIONS`, so that a value one of them refuses, all refuse, with the same

@@ -1,9 +1,27 @@
-"""Translating and exporting: the `Translator` module, SavedModel export in
-TF Serving's layout with its warm-up file (`warmup`), and a REST client,
-engines of one contract (`engine.TranslationEngine`). TensorFlow-only
-package."""
+"""Translating and exporting, engines of one contract
+(`engine.TranslationEngine`). TensorFlow-only package.
 
+- `signatures`: the serving functions (`TranslatorModule`), what a
+  SavedModel holds; `option_checks`: the search options' checks on
+  TensorFlow's side; `batches`: a serving function over a list of
+  sentences.
+- `translator`: `Translator`, the in-process engine over them;
+  `loading`: a `Translator` for a run directory's model.
+- `saved_model`: export in TF Serving's layout, with its warm-up file
+  (`warmup`), and loading an export back (`SavedModelTranslator`).
+- `ctranslate2`, `vocabulary_map`, `column_blocks`: the CTranslate2
+  export and engine, and the XLA search's column blocks.
+
+The clients of a model server live beside it, in `serving.client`.
+"""
+
+from keras_transformer.export.batches import (
+    explain_in_batches,
+    nbest_in_batches,
+    translate_in_batches,
+)
 from keras_transformer.export.engine import SIGNATURES, ExplainingEngine, TranslationEngine
+from keras_transformer.export.loading import translator_from_run_directory
 from keras_transformer.export.saved_model import (
     SavedModelTranslator,
     export_translator,
@@ -11,10 +29,4 @@ from keras_transformer.export.saved_model import (
     open_translator,
     read_examples,
 )
-from keras_transformer.export.translator import (
-    Translator,
-    explain_in_batches,
-    nbest_in_batches,
-    translate_in_batches,
-    translator_from_run_directory,
-)
+from keras_transformer.export.translator import Translator

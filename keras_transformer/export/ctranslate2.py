@@ -791,10 +791,11 @@ def ctranslate2_translator_from_run(run_dir, checkpoint=None, compute_type="defa
     chosen, as `kt-export` prints it.
     """
     from keras_transformer.run_directory import RunDirectory
+    from keras_transformer.training.checkpoints import averaged_if_asked
 
     import_ctranslate2()
     run = run_dir if isinstance(run_dir, RunDirectory) else RunDirectory(run_dir)
-    prefix, reason = run.resolve_checkpoint(checkpoint)
+    prefix, reason = run.resolve_checkpoint(averaged_if_asked(run, checkpoint))
     model = run.load_model(prefix, quiet=True)
     source, target = run.load_tokenizers()
     with tempfile.TemporaryDirectory(prefix="kt-ctranslate2-") as tmp:

@@ -32,6 +32,11 @@ import tempfile
 import tensorflow as tf
 
 from keras_transformer.decoding.ensemble import TransformerEnsemble
+from keras_transformer.export.batches import (
+    explain_in_batches,
+    nbest_in_batches,
+    translate_in_batches,
+)
 from keras_transformer.export.engine import (
     SERVING_DEFAULT,
     TRANSLATE_EXPLAIN,
@@ -41,14 +46,7 @@ from keras_transformer.export.engine import (
     TRANSLATE_XLA,
     ExplainingEngine,
 )
-from keras_transformer.export.translator import (
-    explain_in_batches,
-    metadata_json,
-    nbest_beam_size,
-    nbest_in_batches,
-    sampling_options,
-    translate_in_batches,
-)
+from keras_transformer.export.option_checks import nbest_beam_size, sampling_options
 from keras_transformer.export.warmup import WARMUP_PATH, warmup_requests, write_warmup_file
 from keras_transformer.files import fsync_directory, honour_umask
 from keras_transformer.tokenizer import sentencepiece_ids
@@ -112,7 +110,7 @@ def export_translator(translator, output_dir="saved_models", name="transformer",
         tf.saved_model.save(translator, tmp, signatures=translator.signatures())
         os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
         with open(os.path.join(tmp, METADATA_FILE), "w", encoding="utf-8") as f:
-            f.write(metadata_json(translator))
+            json.dump(translator.metadata(), f, indent=2, sort_keys=True)
         if examples is not None:
             with open(os.path.join(tmp, EXAMPLES_FILE), "w", encoding="utf-8") as f:
                 json.dump([str(e) for e in examples], f, ensure_ascii=False, indent=0)
@@ -292,7 +290,7 @@ def open_translator(run_dir=None, checkpoint=None, saved_model=None, ensemble=()
                              f"min_length {fixed}; export again with --min-length "
                              f"{min_length}, or translate from the run directory.")
         return translator
-    from keras_transformer.export.translator import translator_from_run_directory
+    from keras_transformer.export.loading import translator_from_run_directory
 
     return translator_from_run_directory(
         run_dir, checkpoint, ensemble=ensemble,

@@ -275,7 +275,7 @@ def score_test_set(run, corpus, selector):
     """Translates the test data with the chosen checkpoint and returns the
     sacreBLEU scores."""
     from keras_transformer.evaluation import score_translations
-    from keras_transformer.export.translator import translator_from_run_directory
+    from keras_transformer.export.loading import translator_from_run_directory
 
     translator = translator_from_run_directory(run, selector)
     pairs = list(corpus.pairs("test").as_numpy_iterator())

@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer.files import honour_umask, replace_directory, write_atomically
+from keras_transformer.run_directory import checkpoint_step
 from keras_transformer.training.strategy import is_chief, worker_id
 from keras_transformer.transformer import Transformer
 
@@ -177,12 +178,23 @@ class StepCheckpoint(keras.callbacks.Callback):
         self.restore_signal_handlers()
 
 
-def checkpoint_step(prefix):
-    """The step of a `.../ckpt-<step>` prefix. Raises ValueError otherwise."""
-    match = re.fullmatch(r".*-(\d+)", os.path.basename(prefix))
+def averaged_if_asked(run, selector):
+    """`selector` for `RunDirectory.resolve_checkpoint` and `load_model`,
+    after the averaging a `best:K` or `last:K` selector asks for: those
+    average the best / last K checkpoints now into `averaged/` (replacing
+    what is there; `average_checkpoints`) and become "averaged". Other
+    selectors come back unchanged. The run directory only says where
+    checkpoints are; what writes one is here.
+
+    Raises ValueError for K < 1."""
+    match = re.fullmatch(r"(best|last):(\d+)", selector or "")
     if not match:
-        raise ValueError(f"{prefix} is not a checkpoint prefix of the form .../ckpt-<step>.")
-    return int(match.group(1))
+        return selector
+    count = int(match.group(2))
+    if count < 1:
+        raise ValueError(f"--checkpoint {selector}: K must be >= 1.")
+    average_checkpoints(run, count, source=match.group(1))
+    return "averaged"
 
 
 def average_checkpoints(run_dir, num_checkpoints, checkpoints=None, allow_fewer=False,
