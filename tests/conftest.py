@@ -1,4 +1,6 @@
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -9,6 +11,25 @@ import keras_transformer as kt
 
 # Helpers the test modules import live in tests/support/ (`from support.common
 # import random_ids`): pytest puts this directory on sys.path for this conftest.
+
+
+EXPORT_CACHE = "KT_TEST_EXPORT_CACHE"
+
+
+def pytest_configure(config):
+    # One directory per test run where the tiny exports are written once
+    # and copied from (support/serving_model.py); the xdist workers, started
+    # after this, inherit it.
+    if not hasattr(config, "workerinput") and EXPORT_CACHE not in os.environ:
+        os.environ[EXPORT_CACHE] = tempfile.mkdtemp(prefix="kt-test-exports-")
+        config.kt_export_cache = os.environ[EXPORT_CACHE]
+
+
+def pytest_unconfigure(config):
+    cache = getattr(config, "kt_export_cache", None)
+    if cache is not None:
+        shutil.rmtree(cache, ignore_errors=True)
+        os.environ.pop(EXPORT_CACHE, None)
 
 
 @pytest.fixture(autouse=True)

@@ -327,7 +327,7 @@ def test_the_playground_works_on_a_ctranslate2_export(browser, tmp_path_factory)
     from selenium.webdriver.common.by import By
 
     pytest.importorskip("ctranslate2")
-    from benchmarks.tiny_serving import export_tiny_ctranslate2
+    from support.serving_model import export_tiny_ctranslate2
 
     base = tmp_path_factory.mktemp("ct2-playground")
     path = export_tiny_ctranslate2(base, name="tiny", examples=["the dog sees a cat"])

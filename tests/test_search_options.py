@@ -172,7 +172,7 @@ def test_the_server_checks_before_measuring_work():
 
 def test_the_ctranslate2_engines_follow_the_table(tmp_path):
     pytest.importorskip("ctranslate2")
-    from benchmarks.tiny_serving import export_tiny_ctranslate2
+    from support.serving_model import export_tiny_ctranslate2
     from keras_transformer.serving.ctranslate2_servable import SPECS, CTranslate2Servable
     from keras_transformer.serving.model_versions import ModelError
 

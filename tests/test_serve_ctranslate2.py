@@ -17,7 +17,7 @@ from support.serving_model import export_tiny_model, start_server, stop_server
 
 pytest.importorskip("ctranslate2")
 
-from benchmarks.tiny_serving import export_tiny_ctranslate2  # noqa: E402
+from support.serving_model import export_tiny_ctranslate2  # noqa: E402
 from keras_transformer.serving.ctranslate2_servable import (  # noqa: E402
     SPECS,
     CTranslate2Servable,

@@ -40,7 +40,7 @@ def server(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp("abuse")
     if request.param == "ctranslate2":
         pytest.importorskip("ctranslate2")
-        from benchmarks.tiny_serving import export_tiny_ctranslate2
+        from support.serving_model import export_tiny_ctranslate2
 
         export = export_tiny_ctranslate2(directory, name=NAME)
     else:
