@@ -748,7 +748,9 @@ class CTranslate2Translator(TranslationEngine):
         """One sample per sentence: `(translations, scores)`, the scores the
         model's untempered log P of the sampled tokens. `temperature` 0 is
         greedy; `top_k` 0 samples from the whole vocabulary; `top_p` in
-        (0, 1]."""
+        (0, 1]. `seed` seeds CTranslate2's generator only in threads that
+        have not drawn from it yet (OpenNMT/CTranslate2#1757): unlike the
+        SavedModel's, these samples differ from call to call."""
         check_options({"temperature": temperature, "top_k": top_k, "top_p": top_p,
                        "seed": seed})
         self._ctranslate2.set_random_seed(int(seed) % 2**32)
