@@ -243,6 +243,27 @@ def test_a_request_line_over_the_limit_gets_414(http_server):
     assert _get(http_server, "/" + "a" * 100) == b"HTTP/1.1 200 hello"
 
 
+def test_a_body_that_arrives_after_its_answer_is_not_the_next_request_head(http_server):
+    # The application answers without reading the body; the rest of the
+    # body, longer than the request-line limit, arrives after the answer.
+    # The next request on the connection is counted from its own first byte.
+    body = b"x" * 2000
+    with socket.create_connection(http_server, timeout=5) as sock:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n"
+                     + body[:10])
+        answer = b""
+        while not answer.endswith(b"0\r\n\r\n"):  # the chunked answer's end
+            chunk = sock.recv(65536)
+            assert chunk, answer
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        sock.sendall(body[10:])
+        time.sleep(0.2)
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = _read_all(sock)[0]
+    assert answer.startswith(b"HTTP/1.1 200") and b"hello" in answer, answer[:200]
+
+
 def test_idle_sockets_cannot_lock_clients_out(http_server):
     idle = [socket.create_connection(http_server, timeout=5) for _ in range(40)]
     try:

@@ -679,14 +679,32 @@ def guarded_protocol(header_timeout, parser="auto", max_connections=None,
             if self._head is not None and not self._check_head(data):
                 return
             super().data_received(data)
+            if self._body_left and self._request_received():
+                self._body_left = False
+                self._new_head()
 
         def on_response_complete(self):
             super().on_response_complete()
             fresh.pop(self, None)
             served.pop(self, None)
             served[self] = None
-            self._new_head()
+            # An answer may go out before its request's body has all
+            # arrived (an error, an application that does not read it):
+            # the next head starts after that body, not at the answer.
+            self._body_left = not self._request_received()
+            if not self._body_left:
+                self._new_head()
             self._arm_header_deadline()
+
+        def _request_received(self):
+            """Whether the current request has arrived whole, body
+            included (or there is none)."""
+            conn = getattr(self, "conn", None)  # h11's connection state
+            if conn is not None:
+                import h11
+
+                return conn.their_state in (h11.DONE, h11.IDLE, h11.MUST_CLOSE, h11.CLOSED)
+            return self.cycle is None or not self.cycle.more_body
 
         def connection_lost(self, exc):
             fresh.pop(self, None)
@@ -713,6 +731,7 @@ def guarded_protocol(header_timeout, parser="auto", max_connections=None,
             # Bytes of the next request line and headers seen so far; the
             # last three bytes carry a CRLFCRLF split between two reads.
             self._head = bytearray()
+            self._body_left = False
 
         def _check_head(self, data):
             """Counts `data` into the request head; answers 414 or 431 and
