@@ -171,15 +171,28 @@ def check_options(values, context=None, tensors_pass=False):
     ...
     ValueError: n must be between 1 and 2, received 3.
     """
+    problem = first_problem(values, context, tensors_pass)
+    if problem is not None:
+        raise ValueError(problem + ".")
+
+
+def first_problem(values, context=None, tensors_pass=False):
+    """`SearchOption.problem` of the first of `values` out of its range, or
+    None; `check_options`' arguments. A given `beam_size` that is a number
+    joins `context` as `n`'s bound."""
     context = dict(context or {})
-    if values.get("beam_size") is not None and "beam_size" not in context:
-        context["beam_size"] = values["beam_size"]
+    beam_size = _plain(values.get("beam_size"))
+    if isinstance(beam_size, numbers.Number) and "beam_size" not in context:
+        context["beam_size"] = beam_size
     for name, value in values.items():
         if name not in OPTIONS or value is None:
             continue
         if tensors_pass and not isinstance(_plain(value), numbers.Number):
             continue
-        OPTIONS[name].check(value, context)
+        problem = OPTIONS[name].problem(value, context)
+        if problem is not None:
+            return problem
+    return None
 
 
 def assertion_failure(values, context=None):
@@ -194,15 +207,8 @@ def assertion_failure(values, context=None):
     >>> assertion_failure({"top_k": -1})
     'assertion failed: [top_k must be >= 0, received] [-1]'
     """
-    context = dict(context or {})
-    if values.get("beam_size") is not None and "beam_size" not in context:
-        context["beam_size"] = _plain(values["beam_size"])
-    for name, value in values.items():
-        option = OPTIONS.get(name)
-        if option is None or value is None:
-            continue
-        problem = option.problem(value, context)
-        if problem is not None:
-            words, _, received = problem.rpartition(", received ")
-            return f"assertion failed: [{words}, received] [{received}]"
-    return None
+    problem = first_problem(values, context)
+    if problem is None:
+        return None
+    words, _, received = problem.rpartition(", received ")
+    return f"assertion failed: [{words}, received] [{received}]"
