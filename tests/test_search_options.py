@@ -147,22 +147,20 @@ def test_kt_translate_s_flags_follow_the_table():
 
 
 def test_the_server_checks_before_measuring_work():
-    from keras_transformer.serving.app import ServingApp
     from keras_transformer.serving.rest_api import RestError
+    from keras_transformer.serving.work import RequestLimits
 
     class Servable:
         metadata = {"config": {"vocab_size": 60, "target_vocab_size": 40, "max_length": 12},
                     "beam_size": 2, "extra_length": 4}
 
-    app = ServingApp.__new__(ServingApp)
-    app.max_request_sentences, app.max_beam_size = 64, 2**31 - 1
-    app.max_request_work = 10**6
+    limits = RequestLimits(64, 2**31 - 1, 10**6)
     text = np.array([b"a bird sings"], object)
     for signature, name, value in cases(40):
         options = request(signature, name, value)
         inputs = {"text": text, **{k: np.array(v) for k, v in options.items()}}
         try:
-            app._check_work(Servable(), inputs)
+            limits.check(Servable(), inputs)
             accepted = True
         except RestError as e:
             accepted = False

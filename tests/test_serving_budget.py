@@ -80,7 +80,7 @@ def _serving(tmp_path, **limits):
 
 
 def test_a_request_over_the_work_budget_is_refused_naming_the_numbers(tmp_path):
-    serving = _serving(tmp_path, max_request_work=1000)
+    serving = _serving(tmp_path, request_limits=work.RequestLimits(max_request_work=1000))
     servable = serving.servable("m")
     FakeServable.calls = 0
     inputs = {"text": texts(*["abcdefgh"] * 20)}

@@ -107,8 +107,34 @@ def test_a_version_that_fails_to_load_is_retried_then_given_up(tmp_path):
         assert tries == 3  # the first try and two retries
         time.sleep(0.3)
         assert manager._failures[3][0] == 3 and manager.get().version == 2
+        # Given up, but the directory changes (copied in again): tried afresh.
+        os.remove(tmp_path / "3" / "broken")
+        wait_for(lambda: manager.get().version == 3)
+        assert manager.status(3) == [(3, "AVAILABLE", "")] and 3 not in manager._failures
     finally:
         manager.stop()
+
+
+def test_one_look_at_the_base_path_at_a_time(tmp_path):
+    """The poller and a config reload both call `poll_once`: a version
+    they both find loads once."""
+    loads = []
+
+    def slow_load(path, version):
+        loads.append(version)
+        time.sleep(0.2)
+        return FakeServable(path, version)
+
+    make_version(tmp_path, 1)
+    manager = VersionManager(str(tmp_path), poll_wait_seconds=0, load=slow_load)
+    manager.start()
+    make_version(tmp_path, 2)
+    looks = [threading.Thread(target=manager.poll_once) for _ in range(3)]
+    for look in looks:
+        look.start()
+    for look in looks:
+        look.join()
+    assert loads == [1, 2] and manager.served_versions() == [2]
 
 
 def test_start_falls_back_to_an_older_version_and_retries_the_newer(tmp_path):
@@ -252,6 +278,33 @@ def test_several_models_with_labels_and_a_config_that_changes(tmp_path):
         config.write_text("model_config_list { config { name: ")
         time.sleep(0.3)
         assert models.names == ["en_de"] and models.get("en_de").served_versions() == [2, 3]
+    finally:
+        watcher.stop()
+        models.stop()
+
+
+def test_a_new_base_path_that_does_not_load_leaves_the_old_one_serving(tmp_path):
+    pytest.importorskip("tensorflow_serving")
+    config, models, watcher = _serve_config(tmp_path)
+    try:
+        old = models.get("en_de")
+        make_version(tmp_path / "models" / "en_de_v2", 7, broken=True)
+        config.write_text(CONFIG.replace('"models/en_de"', '"models/en_de_v2"')
+                          .replace("specific { versions: 1 versions: 2 }",
+                                   "latest { num_versions: 1 }")
+                          .replace('key: "stable" value: 1', 'key: "stable" value: 7')
+                          .replace('version_labels { key: "canary" value: 2 }', ""))
+        wait_for(lambda: "en_de" in watcher._failed)
+        # TF Serving keeps serving the old base path, labels and all.
+        assert models.get("en_de") is old and old.served_versions() == [1, 2]
+        assert models.labels("en_de") == {"stable": 1, "canary": 2}
+        assert models.get("de_en").served_versions() == [4]
+        # The new base path is tried again once it changes, the file unchanged.
+        os.remove(tmp_path / "models" / "en_de_v2" / "7" / "broken")
+        wait_for(lambda: models.get("en_de") is not old and not watcher._failed)
+        assert models.get("en_de").served_versions() == [7]
+        assert models.labels("en_de") == {"stable": 7}
+        assert old.served_versions() == []
     finally:
         watcher.stop()
         models.stop()

@@ -257,3 +257,40 @@ def test_the_warmup_file_takes_the_umask_s_mode(tmp_path, mask):
         os.umask(previous)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~mask
     assert os.listdir(tmp_path) == [warmup.WARMUP_FILE]  # no temporary file left
+
+
+def test_warm_up_requests_run_under_the_server_s_request_limits(tmp_path):
+    from keras_transformer.serving.model_versions import Servable
+    from keras_transformer.serving.rest_api import SignatureSpec, TensorSpec
+    from keras_transformer.serving.work import RequestLimits
+
+    class Version:
+        """What `Servable.warm_up` reads of a loaded version."""
+
+        path = str(tmp_path)
+        specs = {"serving_default": SignatureSpec(
+            {"text": TensorSpec("string", (None,))},
+            {"translation": TensorSpec("string", (None,))})}
+        metadata = {"max_length": 32, "beam_size": 4, "extra_length": 8}
+        calls = 0
+
+        def predict(self, signature, inputs):
+            Version.calls += 1
+            return {"translation": inputs["text"]}
+
+    os.makedirs(tmp_path / "assets.extra")
+    big = ("serving_default", {"text": np.array([b"a red house"] * 9, object)})
+    warmup.write_warmup_file(str(tmp_path / "assets.extra" / warmup.WARMUP_FILE),
+                             [FROZEN_REQUESTS[0], big])
+    # Without limits (or within them) both requests run.
+    assert Servable.warm_up(Version()) == 2 and Version.calls == 2
+    assert Servable.warm_up(Version(), RequestLimits(max_request_sentences=9)) == 2
+    # Over a limit the load fails before the request runs, naming it.
+    Version.calls = 0
+    with pytest.raises(ValueError, match="warm-up request 2 of 2 is refused: The request "
+                                         "holds 9 sentences, more than --max-request-sent"):
+        Servable.warm_up(Version(), RequestLimits(max_request_sentences=8))
+    assert Version.calls == 1
+    with pytest.raises(ValueError, match="asks for 1188 units of work, more than "
+                                         "--max-request-work \\(1000\\)"):
+        Servable.warm_up(Version(), RequestLimits(max_request_work=1000))

@@ -248,6 +248,7 @@ def serve(argv=None):
         manager_factory,
         version_loader,
     )
+    from keras_transformer.serving.work import RequestLimits
 
     configure_logging()
     metrics_path = _metrics_path(args.monitoring_config_file)
@@ -260,8 +261,11 @@ def serve(argv=None):
 
         health_imports()
     metrics = Metrics()
+    request_limits = RequestLimits(args.max_request_sentences, args.max_beam_size,
+                                   args.max_request_work)
     load = version_loader(args.engine, args.ctranslate2_compute_type, args.ctranslate2_threads,
-                          args.ctranslate2_inter_threads, args.ctranslate2_vocabulary_map)
+                          args.ctranslate2_inter_threads, args.ctranslate2_vocabulary_map,
+                          request_limits)
     make_manager = manager_factory(args.file_system_poll_wait_seconds,
                                    args.max_num_load_retries,
                                    args.load_retry_interval_micros / 1e6, metrics, load=load)
@@ -284,9 +288,7 @@ def serve(argv=None):
                                      args.max_enqueued_batches, args.num_batch_threads,
                                      metrics=metrics)
         app = ServingApp(models, batcher=batcher, max_request_bytes=args.max_request_bytes,
-                         max_request_sentences=args.max_request_sentences,
-                         max_beam_size=args.max_beam_size,
-                         max_request_work=args.max_request_work,
+                         request_limits=request_limits,
                          chunk_work=args.chunk_work,
                          max_enqueued_requests=args.max_enqueued_requests,
                          max_concurrent_requests=args.max_concurrent_requests,

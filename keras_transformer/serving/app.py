@@ -48,7 +48,6 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
-from keras_transformer.decoding import search_options
 from keras_transformer.serving import limits, rest_api, work
 from keras_transformer.serving.batching import (
     QUEUE_FULL_MESSAGE,
@@ -107,13 +106,9 @@ class ServingApp:
         versions: with a model name as `models`: its `VersionManager`.
         batcher: a `batching.BatchScheduler`, or None (no batching).
         max_request_bytes: the largest request body accepted (413 beyond).
-        max_request_sentences: the most sentences (rows) one request may
-            hold (400 beyond), batching or not.
-        max_beam_size: the largest `beam_size` a request may ask for (400
-            beyond); the model's own limit, half its vocabulary, still holds.
-        max_request_work: the most work (`work`: sentences x beam x
-            (source pieces + target limit)) one request may ask for (400
-            beyond, naming the numbers); bounds its memory and time.
+        request_limits: a `work.RequestLimits`: the sentences, beam and work one
+            request may ask for (400 beyond, naming the numbers), batching
+            or not (default: kt-serve's defaults).
         chunk_work: an unbatched request of more work runs in row chunks of
             at most this much, one after another, so a deadline or a client
             that goes away stops the chunks not yet started.
@@ -135,9 +130,7 @@ class ServingApp:
 
     def __init__(self, models, versions=None, batcher=None, max_request_bytes=1 << 20,
                  playground_dir=PLAYGROUND_DIR, executor=None,
-                 max_request_sentences=limits.DEFAULT_MAX_REQUEST_SENTENCES,
-                 max_beam_size=limits.DEFAULT_MAX_BEAM_SIZE,
-                 max_request_work=limits.DEFAULT_MAX_REQUEST_WORK,
+                 request_limits=None,
                  chunk_work=limits.DEFAULT_CHUNK_WORK,
                  max_enqueued_requests=limits.DEFAULT_MAX_ENQUEUED_REQUESTS,
                  max_concurrent_requests=limits.DEFAULT_MAX_CONCURRENT_REQUESTS,
@@ -149,9 +142,7 @@ class ServingApp:
         self.models = models
         self.batcher = batcher
         self.max_request_bytes = max_request_bytes
-        self.max_request_sentences = max_request_sentences
-        self.max_beam_size = max_beam_size
-        self.max_request_work = max_request_work
+        self.request_limits = request_limits or work.RequestLimits()
         self.chunk_work = chunk_work
         self.max_enqueued_requests = max_enqueued_requests
         self.max_concurrent_requests = max_concurrent_requests
@@ -354,7 +345,7 @@ class ServingApp:
             servable = self.servable(name, version, label)
             body = await self._read_body(request)
             parsed = await self._off_loop(len(body), _parse, body, servable.specs,
-                                          self.max_request_sentences)
+                                          self.request_limits.max_request_sentences)
             outputs = await _unless_disconnected(
                 request, self.run_predict(servable, name, parsed.signature_name,
                                           parsed.inputs, start))
@@ -399,7 +390,7 @@ class ServingApp:
         refusal (400, 503, 504).
         """
         start = time.monotonic() if start is None else start
-        model, measured = self._check_work(servable, inputs)
+        model, measured = self.request_limits.check(servable, inputs)
         spec = servable.specs[signature_name]
 
         def run(merged):
@@ -463,45 +454,6 @@ class ServingApp:
 
     def _dequeued(self, _):
         self._enqueued -= 1
-
-    def _check_work(self, servable, inputs):
-        """Refuses (400) a request over `max_request_sentences` rows, with a
-        search option out of its range (`decoding.search_options`, in the
-        SavedModel's words), over `max_beam_size` or over
-        `max_request_work`, naming the numbers: all before the model runs.
-
-        Returns: the servable's `work.WorkModel` and its `measure` of the
-        inputs."""
-        rows = max((len(value) for value in inputs.values() if np.ndim(value) >= 1),
-                   default=0)
-        rest_api.check_rows(rows, self.max_request_sentences)
-        model = getattr(servable, "work_model", None)
-        if model is None:
-            model = servable.work_model = work.WorkModel(servable.metadata)
-        failure = search_options.assertion_failure(
-            {name: value for name, value in inputs.items() if np.ndim(value) == 0},
-            {"vocabulary": model.vocabulary})
-        if failure is not None:
-            raise RestError(failure)
-        beam_size = inputs.get("beam_size")
-        if beam_size is not None and np.ndim(beam_size) == 0 \
-                and int(beam_size) > self.max_beam_size:
-            raise RestError(f"beam_size {int(beam_size)} is larger than --max-beam-size "
-                            f"({self.max_beam_size}).")
-        model = getattr(servable, "work_model", None)
-        if model is None:
-            model = servable.work_model = work.WorkModel(servable.metadata)
-        total, pieces, hypotheses, extra = model.measure(inputs)
-        if self.max_request_work and total > self.max_request_work:
-            longest = int(pieces.max()) if len(pieces) else 0
-            raise RestError(
-                f"The request asks for {total} units of work, more than --max-request-work "
-                f"({self.max_request_work}): {len(pieces)} sentences x {hypotheses} "
-                f"hypotheses x ({longest} source pieces, bounded by the longest sentence's "
-                f"bytes, + {model.cost(1, longest, 1, extra) - longest} target positions "
-                f"with extra_length {extra}). Send fewer sentences, shorter ones or a "
-                "smaller beam_size.")
-        return model, (total, pieces, hypotheses, extra)
 
     async def _read_body(self, request):
         """The body, refusing (413) one over `max_request_bytes` before

@@ -122,8 +122,10 @@ class CTranslate2Servable:
             with open(examples, encoding="utf-8") as f:
                 self.examples = [str(e) for e in json.load(f)]
 
-    def warm_up(self):
-        """One translation of a short sentence. Returns 1 (requests)."""
+    def warm_up(self, request_limits=None):
+        """One translation of a short sentence, at the export's defaults:
+        within any `request_limits` kt-serve accepts. Returns 1
+        (requests)."""
         self.translator.translate([WARM_UP_SENTENCE])
         return 1
 
@@ -166,11 +168,11 @@ def _best(translations, scores):
 
 
 def load_ctranslate2_servable(path, version, compute_type="default", intra_threads=1,
-                              inter_threads=1, vocabulary_map="auto"):
+                              inter_threads=1, vocabulary_map="auto", request_limits=None):
     """Loads and warms up the CTranslate2 version at `path`
     (`model_versions.load_servable` with a `CTranslate2Servable`)."""
     def make(path, version):
         return CTranslate2Servable(path, version, compute_type, intra_threads, inter_threads,
                                    vocabulary_map)
 
-    return load_servable(path, version, make)
+    return load_servable(path, version, make, request_limits)

@@ -218,7 +218,7 @@ class GrpcServices:
                             f"request is missing {missing} and has extra {extra}.")
         inputs = {key: tensor_from_proto(tf, proto, spec.inputs[key],
                                          f"Input '{key}' of signature '{signature}'",
-                                         self.app.max_request_sentences)
+                                         self.app.request_limits.max_request_sentences)
                   for key, proto in request.inputs.items()}
         outputs = await self.app.run_predict(servable, name, signature, inputs, start)
         response = self.predict_pb2.PredictResponse()

@@ -22,8 +22,13 @@ A version that fails to load is retried up to `max_num_load_retries` times,
 `load_retry_interval` seconds apart (TF Serving's `--max_num_load_retries`
 and `--load_retry_interval_micros`), so a version copied in with `cp -r`
 loads once the copy is whole; while it waits its state is LOADING with the
-last error, and after the last try END with the error. The versions served
-meanwhile keep serving.
+last error, and after the last try END with the error. A version given up
+on is tried afresh once its directory changes (a file added, replaced or
+removed, or the directory copied in again). The versions served meanwhile
+keep serving.
+
+One look at the base path runs at a time (the poller's, or a config
+reload's), so the record of failed tries has one writer.
 """
 
 import collections
@@ -39,7 +44,7 @@ import numpy as np
 
 from keras_transformer.export.engine import SERVING_DEFAULT
 from keras_transformer.export.saved_model import versions
-from keras_transformer.serving.rest_api import SignatureSpec, TensorSpec
+from keras_transformer.serving.rest_api import RestError, SignatureSpec, TensorSpec
 
 LOGGER = logging.getLogger("kt-serve")
 WARM_UP_SENTENCE = "Hello."
@@ -98,13 +103,14 @@ class Servable:
             self.metadata = {}
         self.examples = read_examples(path)
 
-    def warm_up(self):
+    def warm_up(self, request_limits=None):
         """Replays the export's warm-up requests
         (`assets.extra/tf_serving_warmup_requests`, TF Serving's format),
         or else calls `serving_default` once on a short sentence (if it
         takes one `text` input), so the first request does not pay for
         TensorFlow's first-call set-up. A warm-up request the model refuses
-        fails the load, as in TF Serving.
+        fails the load, as in TF Serving, and so does one over
+        `request_limits` (a `work.RequestLimits`, checked before it runs).
 
         Returns: the number of requests replayed.
         """
@@ -113,10 +119,16 @@ class Servable:
         path = os.path.join(self.path, "assets.extra", WARMUP_FILE)
         if os.path.isfile(path):
             requests = read_warmup_file(path)
-            for signature, inputs in requests:
+            for number, (signature, inputs) in enumerate(requests, 1):
                 if signature not in self.specs:
                     raise ValueError(f"{path}: a warm-up request names signature "
                                      f"'{signature}', which the model does not have.")
+                if request_limits is not None:
+                    try:
+                        request_limits.check(self, inputs)
+                    except RestError as e:
+                        raise ValueError(f"{path}: warm-up request {number} of "
+                                         f"{len(requests)} is refused: {e.message}") from None
                 self.predict(signature, inputs)
             return len(requests)
         spec = self.specs.get(SERVING_DEFAULT)
@@ -165,17 +177,38 @@ def tf_dtype(tf, spec):
     return tf.string if spec.dtype == "string" else tf.as_dtype(spec.dtype)
 
 
-def load_servable(path, version, make=Servable):
+def load_servable(path, version, make=Servable, request_limits=None):
     """Loads (`make(path, version)`, a SavedModel's `Servable` by default)
-    and warms up the version at `path`. The servable's `load_seconds` and
-    `warmup_seconds` say how long each took."""
+    and warms up the version at `path`, its warm-up requests under
+    `request_limits` (a `work.RequestLimits`, or None). The servable's
+    `load_seconds` and `warmup_seconds` say how long each took."""
     start = time.monotonic()
     servable = make(path, version)
     loaded = time.monotonic()
-    servable.warm_up()
+    servable.warm_up(request_limits)
     servable.load_seconds = loaded - start
     servable.warmup_seconds = time.monotonic() - loaded
     return servable
+
+
+def directory_stamp(path):
+    """What changes when the directory `path` or anything under it is
+    added, replaced, rewritten or removed: each entry's relative path,
+    inode, size and modification time (None when `path` is absent)."""
+    if not os.path.isdir(path):
+        return None
+    stamp = []
+    for root, directories, files in os.walk(path):
+        directories.sort()
+        for name in [""] + sorted(files) if root == path else sorted(files):
+            full = os.path.join(root, name) if name else root
+            try:
+                info = os.stat(full)
+            except OSError:
+                continue  # removed while we looked: the next look sees it
+            stamp.append((os.path.relpath(full, path), info.st_ino, info.st_size,
+                          info.st_mtime_ns))
+    return tuple(stamp)
 
 
 def is_ctranslate2_version(path):
@@ -300,9 +333,11 @@ class VersionManager:
         self._servables = {}
         # version -> [state, error message]; guarded by _lock.
         self._states = {}
-        # version -> (failed tries, monotonic time of the last); poller only.
+        # version -> (failed tries, monotonic time of the last, the
+        # directory's stamp then); guarded by _looking.
         self._failures = {}
         self._lock = threading.Lock()
+        self._looking = threading.Lock()  # one look at the base path at a time
         self._stop = threading.Event()
         self._thread = None
 
@@ -327,17 +362,8 @@ class VersionManager:
                 f"directories holding saved_model.pb (e.g. {self.base_path}/1/saved_model.pb) "
                 "or a CTranslate2 export (kt-export --format ctranslate2)."
                 + hint)
-        failed = set()
-        while True:
-            wanted = self.policy.choose([v for v in found if v not in failed])
-            missing = [v for v in reversed(wanted) if v not in self._servables]
-            if not missing:
-                break
-            for version in missing:
-                # Retries wait for the poller, so a broken version never
-                # holds up the start.
-                if not self._try_load(version, retry=self.poll_wait_seconds > 0):
-                    failed.add(version)
+        with self._looking:
+            failed = self._load_wanted(found)
         if not self._servables:
             if not failed:
                 raise NoServableVersion(
@@ -351,6 +377,22 @@ class VersionManager:
                                             daemon=True)
             self._thread.start()
         return max(self._servables)
+
+    def _load_wanted(self, found):
+        """Loads the versions the policy wants of `found`, falling back
+        to older ones for those that fail; returns the failed versions."""
+        failed = set()
+        while True:
+            wanted = self.policy.choose([v for v in found if v not in failed])
+            missing = [v for v in reversed(wanted) if v not in self._servables]
+            if not missing:
+                break
+            for version in missing:
+                # Retries wait for the poller, so a broken version never
+                # holds up the start.
+                if not self._try_load(version, retry=self.poll_wait_seconds > 0):
+                    failed.add(version)
+        return failed
 
     def stop(self):
         """Stops polling (a load under way finishes in the background)."""
@@ -398,9 +440,8 @@ class VersionManager:
         try:
             servable = self._load(path, version)
         except Exception as e:  # any failure is the version's, reported in its status
-            tries, _ = self._failures.get(version, (0, 0.0))
-            tries += 1
-            self._failures[version] = (tries, time.monotonic())
+            tries = self._failures.get(version, (0,))[0] + 1
+            self._failures[version] = (tries, time.monotonic(), directory_stamp(path))
             left = self.max_num_load_retries + 1 - tries if retry else 0
             error = f"{type(e).__name__}: {e}"
             if left > 0:
@@ -442,29 +483,36 @@ class VersionManager:
 
     def _due(self, version):
         """Whether `version` may be tried now: never tried, or tries left
-        and the retry interval passed."""
-        tries, last = self._failures.get(version, (0, 0.0))
-        return tries == 0 or (tries <= self.max_num_load_retries
-                              and time.monotonic() - last >= self.load_retry_interval)
+        and the retry interval passed since the last."""
+        tries, last, _ = self._failures.get(version, (0, None, None))
+        return last is None or (tries <= self.max_num_load_retries
+                                and time.monotonic() - last >= self.load_retry_interval)
 
     def poll_once(self):
         """One look at the base path: loads the versions the policy wants
         that are due (newest first), then unloads the served ones it no
         longer wants, once one it wants serves. A version removed from
         disk stops being wanted (for the newest N, an older one then
-        takes its place, as in TF Serving)."""
-        found = servable_versions(self.base_path)
-        given_up = {v for v, (tries, _) in self._failures.items()
-                    if tries > self.max_num_load_retries}
-        wanted = self.policy.choose([v for v in found if v not in given_up])
-        for version in reversed(wanted):
-            if self._stop.is_set():
-                return
-            if version not in self._servables and self._due(version):
-                self._try_load(version)
-        stale = [v for v in self._servables if v not in wanted]
-        if stale and any(v in self._servables for v in wanted):
-            self._unload(stale)
+        takes its place, as in TF Serving). A failed version whose
+        directory changed since its last try starts its tries afresh
+        (the retry interval after the last)."""
+        with self._looking:
+            found = servable_versions(self.base_path)
+            for version, (_, last, stamp) in list(self._failures.items()):
+                now = directory_stamp(os.path.join(self.base_path, str(version)))
+                if now != stamp:  # tries afresh, still the interval apart
+                    self._failures[version] = (0, last, now)
+            given_up = {v for v, (tries, _, _) in self._failures.items()
+                        if tries > self.max_num_load_retries}
+            wanted = self.policy.choose([v for v in found if v not in given_up])
+            for version in reversed(wanted):
+                if self._stop.is_set():
+                    return
+                if version not in self._servables and self._due(version):
+                    self._try_load(version)
+            stale = [v for v in self._servables if v not in wanted]
+            if stale and any(v in self._servables for v in wanted):
+                self._unload(stale)
 
     def _poll(self):
         while not self._stop.wait(self.poll_wait_seconds):

@@ -32,7 +32,11 @@ import logging
 import os
 import threading
 
-from keras_transformer.serving.model_versions import VersionManager, VersionPolicy
+from keras_transformer.serving.model_versions import (
+    VersionManager,
+    VersionPolicy,
+    directory_stamp,
+)
 
 LOGGER = logging.getLogger("kt-serve")
 
@@ -183,7 +187,8 @@ class ModelConfigWatcher:
         self.models = models
         self._make = make_manager
         self.poll_wait_seconds = poll_wait_seconds
-        self._entries = {}
+        self._entries = {}  # name -> the entry served
+        self._failed = {}  # name -> (entry, its base path's stamp) that did not load
         self._stamp = None
         self._stop = threading.Event()
         self._lock = threading.Lock()  # the poll thread and gRPC reloads apply in turn
@@ -241,13 +246,16 @@ class ModelConfigWatcher:
 
     def _apply(self, entries, at_start=False):
         """Serves `entries`; returns `{name: exception}` of the models
-        that did not load (raises at start)."""
-        managers, labels, failures = {}, {}, {}
+        that did not load (raises at start). A model whose new base path
+        does not load keeps serving from its old one, as in TF Serving;
+        it is tried again when the file or its new base path changes."""
+        managers, labels, served, failures, failed = {}, {}, {}, {}, {}
         for entry in entries:
             old = self._entries.get(entry.name)
-            manager = self.models.get(entry.name)
-            if manager is not None and old is not None and old.base_path == entry.base_path:
-                manager.set_policy(entry.policy)
+            serving = self.models.get(entry.name)
+            if serving is not None and old is not None and old.base_path == entry.base_path:
+                serving.set_policy(entry.policy)
+                manager = serving
             else:
                 manager = self._make(entry.name, entry.base_path, entry.policy)
                 try:
@@ -255,25 +263,36 @@ class ModelConfigWatcher:
                 except Exception as e:
                     if at_start:
                         raise type(e)(f"model {entry.name}: {e}") from None
-                    LOGGER.error("Model %s from %s does not load: %s", entry.name,
-                                 self.path, e)
+                    keeps = serving is not None and old is not None
+                    LOGGER.error("Model %s from %s does not load%s: %s", entry.name, self.path,
+                                 "; its old base path keeps serving" if keeps else "", e)
                     failures[entry.name] = e
-                    continue
+                    failed[entry.name] = (entry, directory_stamp(entry.base_path))
+                    if not keeps:
+                        continue
+                    manager, entry = serving, old
             managers[entry.name] = manager
             labels[entry.name] = entry.labels
+            served[entry.name] = entry
         dropped = [m for name, m in ((n, self.models.get(n)) for n in self.models.names)
                    if name not in managers or managers[name] is not m]
         self.models.replace(managers, labels)
         for manager in dropped:
             manager.stop()
             manager.unload_all()
-        self._entries = {e.name: e for e in entries if e.name in managers}
+        self._entries, self._failed = served, failed
         return failures
+
+    def _changed_failures(self):
+        """Whether the base path of a model that did not load changed."""
+        return any(directory_stamp(entry.base_path) != stamp
+                   for entry, stamp in self._failed.values())
 
     def _poll(self):
         while not self._stop.wait(self.poll_wait_seconds):
             stamp = self._read_stamp()
-            if stamp is None or stamp == self._stamp:
+            changed = stamp != self._stamp
+            if stamp is None or not (changed or self._changed_failures()):
                 continue
             self._stamp = stamp
             try:
@@ -281,7 +300,9 @@ class ModelConfigWatcher:
             except Exception as e:  # keep serving what was served
                 LOGGER.error("The model config file changed but is not used: %s", e)
                 continue
-            LOGGER.info("Reloading the model config file %s", self.path)
+            LOGGER.info("Reloading the model config file %s%s", self.path,
+                        "" if changed else " (the base path of a model that did not load "
+                        "changed)")
             self._reload(entries)
 
 
@@ -294,13 +315,14 @@ ENGINES = ("auto", "savedmodel", "ctranslate2")
 
 
 def version_loader(engine="auto", compute_type="default", intra_threads=1, inter_threads=1,
-                   vocabulary_map="auto"):
+                   vocabulary_map="auto", request_limits=None):
     """A `(path, version) -> servable` for `VersionManager`: a SavedModel
     (`model_versions.load_servable`) or a CTranslate2 export
     (`ctranslate2_servable.load_ctranslate2_servable`, with these CTranslate2
-    settings and vocabulary map choice), by what the version directory holds ("auto") or only the
-    one `engine` names (another kind of version fails to load, saying
-    why)."""
+    settings and vocabulary map choice), by what the version directory
+    holds ("auto") or only the one `engine` names (another kind of version
+    fails to load, saying why). Warm-up requests run under
+    `request_limits` (a `work.RequestLimits`, or None)."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, received {engine!r}.")
 
@@ -319,8 +341,8 @@ def version_loader(engine="auto", compute_type="default", intra_threads=1, inter
                              f"serves {names[engine][1]} only.")
         if kind == "ctranslate2":
             return load_ctranslate2_servable(path, version, compute_type, intra_threads,
-                                             inter_threads, vocabulary_map)
-        return load_servable(path, version)
+                                             inter_threads, vocabulary_map, request_limits)
+        return load_servable(path, version, request_limits=request_limits)
 
     return load
 

@@ -24,6 +24,10 @@ The memory one unit of work costs on an export is measured by
 
 import numpy as np
 
+from keras_transformer.decoding import search_options
+from keras_transformer.serving import limits
+from keras_transformer.serving.rest_api import RestError, check_rows
+
 TEXT_INPUT = "text"
 IDS_INPUT = "source_ids"
 
@@ -135,3 +139,75 @@ def chunkable(spec):
         return False
     return all(len(s.shape) >= 1 and all(d is not None for d in s.shape[1:])
                for s in spec.outputs.values())
+
+
+class RequestLimits:
+    """What one predict request may ask of a model: kt-serve checks every
+    request against them before the model runs, warm-up requests included.
+
+    Args:
+        max_request_sentences: the most sentences (rows) one request may
+            hold; None: no limit.
+        max_beam_size: the largest `beam_size` a request may ask for; the
+            model's own limit, half its vocabulary, still holds.
+        max_request_work: the most work (`WorkModel.measure`) one request
+            may ask for; 0 or None: no limit.
+
+    Example:
+    >>> limits = RequestLimits(max_request_sentences=2)
+    >>> class Servable:
+    ...     metadata = {"max_length": 16}
+    >>> limits.check(Servable(), {"text": np.array([b"a", b"b", b"c"], object)})
+    Traceback (most recent call last):
+    ...
+    keras_transformer.serving.rest_api.RestError: The request holds 3 sentences, \
+more than --max-request-sentences (2); send them in several requests.
+    """
+
+    def __init__(self, max_request_sentences=limits.DEFAULT_MAX_REQUEST_SENTENCES,
+                 max_beam_size=limits.DEFAULT_MAX_BEAM_SIZE,
+                 max_request_work=limits.DEFAULT_MAX_REQUEST_WORK):
+        self.max_request_sentences = max_request_sentences
+        self.max_beam_size = max_beam_size
+        self.max_request_work = max_request_work
+
+    def check(self, servable, inputs):
+        """Refuses (`RestError`, 400) a request over `max_request_sentences`
+        rows, with a search option out of its range
+        (`decoding.search_options`, in the SavedModel's words), over
+        `max_beam_size` or over `max_request_work`, naming the numbers.
+
+        Args:
+            servable: has `metadata` (its `WorkModel` is cached on it as
+                `work_model`).
+            inputs: `{name: np.ndarray}`.
+
+        Returns: the servable's `WorkModel` and its `measure` of the inputs.
+        """
+        rows = max((len(value) for value in inputs.values() if np.ndim(value) >= 1),
+                   default=0)
+        check_rows(rows, self.max_request_sentences)
+        model = getattr(servable, "work_model", None)
+        if model is None:
+            model = servable.work_model = WorkModel(servable.metadata)
+        failure = search_options.assertion_failure(
+            {name: value for name, value in inputs.items() if np.ndim(value) == 0},
+            {"vocabulary": model.vocabulary})
+        if failure is not None:
+            raise RestError(failure)
+        beam_size = inputs.get("beam_size")
+        if beam_size is not None and np.ndim(beam_size) == 0 \
+                and int(beam_size) > self.max_beam_size:
+            raise RestError(f"beam_size {int(beam_size)} is larger than --max-beam-size "
+                            f"({self.max_beam_size}).")
+        total, pieces, hypotheses, extra = model.measure(inputs)
+        if self.max_request_work and total > self.max_request_work:
+            longest = int(pieces.max()) if len(pieces) else 0
+            raise RestError(
+                f"The request asks for {total} units of work, more than --max-request-work "
+                f"({self.max_request_work}): {len(pieces)} sentences x {hypotheses} "
+                f"hypotheses x ({longest} source pieces, bounded by the longest sentence's "
+                f"bytes, + {model.cost(1, longest, 1, extra) - longest} target positions "
+                f"with extra_length {extra}). Send fewer sentences, shorter ones or a "
+                "smaller beam_size.")
+        return model, (total, pieces, hypotheses, extra)
