@@ -5,7 +5,6 @@ their start-up settings apply; the functions that need the library import
 it when called (after `startup.start()`)."""
 
 import argparse
-import gzip
 import sys
 
 from keras_transformer import startup
@@ -240,23 +239,11 @@ def decoding_options(args, translator):
 
 
 def read_lines(path):
-    """Lines of `path` (`-`: stdin; `.gz`: gunzipped) as bytes, without
-    their line ending or a UTF-8 byte-order mark at the start. Bytes, so
-    undecodable input reaches the translator's U+FFFD rule instead of
-    failing here."""
-    if path in (None, "-"):
-        data = sys.stdin.buffer.read()
-    elif path.endswith(".gz"):
-        with gzip.open(path, "rb") as f:
-            data = f.read()
-    else:
-        with open(path, "rb") as f:
-            data = f.read()
-    data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark is not text
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+    """The lines of `path` as a list (`streaming.iter_lines`): bytes,
+    without line endings or a byte-order mark."""
+    from keras_transformer.streaming import iter_lines
+
+    return list(iter_lines(path))
 
 
 def one_line(text):

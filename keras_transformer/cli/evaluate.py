@@ -5,8 +5,10 @@ detokenized output, printing sacreBLEU's signature strings.
         --source ../shared/data/multi30k/test_2016_flickr.en.gz \\
         --reference ../shared/data/multi30k/test_2016_flickr.de.gz
 
-One sentence per line in --source and --reference (.gz ok). The
-translations can be kept with --hypotheses. --tokenized-bleu de adds the
+One sentence per line in --source and --reference (.gz ok). The source is
+translated --window lines at a time (default 4096), with a progress bar on
+stderr when it is a terminal (--quiet: never). The translations can be
+kept with --hypotheses. --tokenized-bleu de adds the
 BLEU the Multi30k papers report (lowercased, punctuation-normalised,
 Moses-tokenized), on its own labelled line: a different number from
 sacreBLEU's.
@@ -29,9 +31,15 @@ from keras_transformer.cli.common import (
     decoding_options,
     one_line,
     open_from_args,
-    read_lines,
     run_command,
     translation_parser,
+)
+from keras_transformer.streaming import (
+    DEFAULT_WINDOW,
+    count_lines,
+    iter_lines,
+    progress_bar,
+    windows,
 )
 
 
@@ -47,6 +55,11 @@ def build_parser():
                              "punctuation-normalised, Moses-tokenized, multi-bleu.perl) for "
                              "target language LANG, on its own labelled line")
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="LINES",
+                        help="lines translated at a time, length-sorted (default: "
+                        "%(default)s)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bar (it shows only when stderr is a terminal)")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
     return parser
 
@@ -64,16 +77,22 @@ def evaluate(argv=None, stdout=None):
     args = parser.parse_args(argv)
     if args.batch_size < 1:
         parser.error("--batch-size must be at least 1")
+    if args.window < 1:
+        parser.error("--window must be at least 1")
     check_engine(parser, args)
     out = stdout or sys.stdout
-    sources = read_lines(args.source)
-    references = [r.decode("utf-8", "replace") for r in read_lines(args.reference)]
-    if len(sources) != len(references):
-        parser.error(f"{len(sources)} source lines but {len(references)} reference lines.")
+    sources, references = count_lines(args.source), count_lines(args.reference)
+    if sources != references:
+        parser.error(f"{sources} source lines but {references} reference lines.")
+    references = [r.decode("utf-8", "replace") for r in iter_lines(args.reference)]
     translator = open_from_args(args)
-    translations, _ = translator.translate(sources, batch_size=args.batch_size,
-                                           **decoding_options(args, translator))
-    translations = [one_line(t) for t in translations]
+    options = decoding_options(args, translator)
+    translations = []
+    with progress_bar(sources, quiet=args.quiet) as bar:
+        for lines in windows(iter_lines(args.source), args.window):
+            found, _ = translator.translate(lines, batch_size=args.batch_size, **options)
+            translations += [one_line(t) for t in found]
+            bar.update(len(lines))
     if args.hypotheses:
         from keras_transformer.files import write_atomically
 

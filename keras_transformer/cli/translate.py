@@ -27,6 +27,15 @@ only on the seed and its text, so the same command gives the same output;
 --n-best and --sampling run the search without XLA (--xla applies to the
 1-best beam search).
 
+Big files: the input is read --window lines at a time (default 4096),
+each window sorted by length into full batches and written in input
+order, so memory does not grow with the input. A progress bar (lines,
+lines/s, time left) shows on stderr when it is a terminal (--quiet: never).
+With --output FILE, finished windows are kept in FILE.parts/ and FILE
+appears, complete, only at the end: a job that was killed resumes after
+its last finished window when the same command runs again, and writes the
+same bytes as an uninterrupted run.
+
 --engine ctranslate2 translates with CTranslate2's engine instead (the
 `ctranslate2` package needed; --xla does not apply), from a directory that
 `kt-export --format ctranslate2` wrote (--ctranslate2-model DIR, which
@@ -60,10 +69,10 @@ from keras_transformer.cli.common import (
     decoding_options,
     one_line,
     open_from_args,
-    read_lines,
     run_command,
     translation_parser,
 )
+from keras_transformer.streaming import DEFAULT_WINDOW
 
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "seed")
 
@@ -75,6 +84,11 @@ def build_parser():
     parser.add_argument("--output", default="-", help="where to write (default: stdout)")
     parser.add_argument("--batch-size", type=int, default=32,
                         help="sentences per batch (default: %(default)s)")
+    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="LINES",
+                        help="lines read, length-sorted and written at a time; the unit "
+                        "a killed job resumes from (default: %(default)s)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bar (it shows only when stderr is a terminal)")
     parser.add_argument("--scores", action="store_true",
                         help="write 'score<TAB>translation' lines")
     parser.add_argument("--n-best", type=int, default=None, metavar="K",
@@ -93,6 +107,8 @@ def check_arguments(parser, args):
     combinations that cannot work."""
     if args.batch_size < 1:
         parser.error("--batch-size must be at least 1")
+    if args.window < 1:
+        parser.error("--window must be at least 1")
     check_engine(parser, args)
     if args.n_best is not None:
         if args.n_best < 1:
@@ -115,50 +131,68 @@ def check_arguments(parser, args):
                          "--sampling")
 
 
-def translate(argv=None, stdout=None):
+def translate(argv=None, stdout=None, collect=True):
     """kt-translate as a function: writes the translations (to `stdout`
-    when --output is `-`, default `sys.stdout`).
+    when --output is `-`, default `sys.stdout`) window by window
+    (`keras_transformer.streaming.translate_file`).
 
-    Returns: `(translations, scores)`; with --n-best, a list per input line
-    of K `(translation, score)` pairs, best first.
+    Returns: with `collect`, `(translations, scores)`, or with --n-best a
+    list per input line of K `(translation, score)` pairs, best first;
+    without (the command), None: memory does not grow with the input.
     """
+    from keras_transformer.streaming import translate_file
+
     parser = build_parser()
     args = parser.parse_args(argv)
     check_arguments(parser, args)
     translator = open_from_args(args)
-    sentences = read_lines(args.input)
+    search = _search(args, translator)
+    kept = [] if collect else None
+
+    def translate_window(lines, first):
+        result = search(lines)
+        if args.n_best is not None:
+            if kept is not None:
+                kept.extend(result)
+            return [f"{first + i} ||| {one_line(t)} ||| {s:.4f}"
+                    for i, nbest in enumerate(result) for t, s in nbest]
+        if kept is not None:
+            kept.extend(zip(*result))
+        return [f"{s:.4f}\t{one_line(t)}" if args.scores else one_line(t)
+                for t, s in zip(*result)]
+
+    settings = {name: value for name, value in sorted(vars(args).items())
+                if name not in ("output", "quiet", "input")}
+    translate_file(translate_window, args.input, args.output, args.window,
+                   job={"settings": settings}, quiet=args.quiet, stdout=stdout)
+    if kept is None:
+        return None
     if args.n_best is not None:
-        result = translator.translate_nbest(
-            sentences, args.n_best, beam_size=args.beam_size, alpha=args.alpha,
+        return kept
+    return [t for t, _ in kept], [s for _, s in kept]
+
+
+def _search(args, translator):
+    """`lines -> result` of the search `args` ask for: `translate`'s,
+    `sample`'s or `translate_nbest`'s."""
+    if args.n_best is not None:
+        return lambda lines: translator.translate_nbest(
+            lines, args.n_best, beam_size=args.beam_size, alpha=args.alpha,
             extra_length=args.extra_length, batch_size=args.batch_size)
-        lines = [f"{i} ||| {one_line(t)} ||| {s:.4f}"
-                 for i, nbest in enumerate(result) for t, s in nbest]
-    else:
-        if args.sampling:
-            from keras_transformer.decoding.search_options import OPTIONS
+    if args.sampling:
+        from keras_transformer.decoding.search_options import OPTIONS
 
-            options = {name: OPTIONS[name].default if getattr(args, name) is None
-                       else getattr(args, name) for name in SAMPLING_OPTIONS}
-            result = translator.sample(sentences, extra_length=args.extra_length,
-                                       batch_size=args.batch_size, **options)
-        else:
-            result = translator.translate(sentences, batch_size=args.batch_size,
-                                          **decoding_options(args, translator))
-        lines = [f"{s:.4f}\t{one_line(t)}" if args.scores else one_line(t)
-                 for t, s in zip(*result)]
-    text = "".join(line + "\n" for line in lines)
-    if args.output == "-":
-        (stdout or sys.stdout).write(text)
-    else:
-        from keras_transformer.files import write_atomically
-
-        write_atomically(args.output, text.encode("utf-8"))  # never half a file
-    return result
+        options = {name: OPTIONS[name].default if getattr(args, name) is None
+                   else getattr(args, name) for name in SAMPLING_OPTIONS}
+        return lambda lines: translator.sample(lines, extra_length=args.extra_length,
+                                               batch_size=args.batch_size, **options)
+    options = decoding_options(args, translator)
+    return lambda lines: translator.translate(lines, batch_size=args.batch_size, **options)
 
 
 def main(argv=None):
     startup.start(argv)
-    return run_command(translate, argv)
+    return run_command(lambda argv: translate(argv, collect=False), argv)
 
 
 if __name__ == "__main__":
