@@ -24,7 +24,7 @@ RANKS = [
     {"dispatch"},
     {"layers"},
     {"transformer", "losses", "r_drop", "schedules", "metrics", ""},  # "": the package's facade
-    {"decoding", "data", "evaluation", "visualization", "streaming"},
+    {"decoding", "data", "evaluation", "visualization", "streaming", "sentences"},
     {"run_directory"},  # where a run's files are; writes no checkpoint
     {"training"},
     {"export"},

@@ -147,9 +147,14 @@ def test_a_killed_kt_translate_resumes_with_the_same_bytes(exported, tmp_path):
 def test_n_best_and_samples_resume_with_the_same_bytes(exported, tmp_path, monkeypatch,
                                                        mode):
     from keras_transformer.cli import translate
+    from keras_transformer.export.saved_model import open_translator
 
-    flags = ["--saved-model", exported, "--input", _corpus(tmp_path / "in.txt", 60),
-             "--window", "8", "--batch-size", "4", "--quiet", *mode]
+    # The three runs share one loaded SavedModel, as three commands would
+    # each load the same one.
+    loaded = open_translator(saved_model=exported)
+    monkeypatch.setattr(translate, "open_from_args", lambda args: loaded)
+    flags = ["--saved-model", exported, "--input", _corpus(tmp_path / "in.txt", 24),
+             "--window", "4", "--batch-size", "4", "--quiet", *mode]
     translate.translate(flags + ["--output", str(tmp_path / "whole.txt")], collect=False)
     write = streaming.ResumableOutput.write
 
@@ -167,7 +172,7 @@ def test_n_best_and_samples_resume_with_the_same_bytes(exported, tmp_path, monke
     translate.translate(flags + ["--output", output], collect=False)
     assert open(output, "rb").read() == open(tmp_path / "whole.txt", "rb").read()
     lines = open(output, "rb").read().count(b"\n")
-    assert lines == 60 * (2 if mode[0] == "--n-best" else 1)
+    assert lines == 24 * (2 if mode[0] == "--n-best" else 1)
 
 
 PROGRAM = """
@@ -202,3 +207,26 @@ def test_the_progress_bar_shows_on_a_terminal_only(tmp_path):
     piped = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, timeout=120)
     assert piped.returncode == 0 and b"lines/s" not in piped.stderr, piped.stderr[-500:]
     assert (tmp_path / "out.txt").read_text() == "x\n" * 300
+
+
+def test_split_sentences_translates_each_sentence_of_a_line(exported, tmp_path, monkeypatch,
+                                                            capsys):
+    from keras_transformer.cli import translate
+    from keras_transformer.export.saved_model import open_translator
+
+    loaded = open_translator(saved_model=exported)
+    monkeypatch.setattr(translate, "open_from_args", lambda args: loaded)
+    source = tmp_path / "doc.txt"
+    source.write_text("the dog sees a cat. a red house!\n\nMr. Smith sees the boat.\n")
+    found, _ = translate.translate(["--saved-model", exported, "--input", str(source),
+                                    "--split-sentences", "en", "--window", "2"])
+    alone, _ = loaded.translate(["the dog sees a cat.", "a red house!",
+                                 "Mr. Smith sees the boat."])
+    assert found == [f"{alone[0]} {alone[1]}", "", alone[2]]
+    for flags, message in [(["--split-sentences", "xx"], "--split-sentences: no sentence "
+                                                         "splitter for language 'xx'"),
+                           (["--split-sentences", "en", "--n-best", "2"],
+                            "--n-best does not apply to --split-sentences")]:
+        with pytest.raises(SystemExit):
+            translate.translate(["--saved-model", exported, *flags])
+        assert message in capsys.readouterr().err

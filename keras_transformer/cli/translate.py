@@ -27,6 +27,12 @@ only on the seed and its text, so the same command gives the same output;
 --n-best and --sampling run the search without XLA (--xla applies to the
 1-best beam search).
 
+Documents: --split-sentences LANG splits each input line into sentences
+(pysbd's rules for the source language LANG: abbreviations, numbers and
+quotes), translates them, and joins each line's translations with a space:
+one output line per input line, for paragraphs a model trained on
+sentences would translate badly as one. Not with --n-best or --scores.
+
 Big files: the input is read --window lines at a time (default 4096),
 each window sorted by length into full batches and written in input
 order, so memory does not grow with the input. A progress bar (lines,
@@ -87,6 +93,9 @@ def build_parser():
     parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="LINES",
                         help="lines read, length-sorted and written at a time; the unit "
                         "a killed job resumes from (default: %(default)s)")
+    parser.add_argument("--split-sentences", metavar="LANG",
+                        help="split each line into sentences (pysbd, source language LANG), "
+                        "translate them and join them back: one output line per line")
     parser.add_argument("--quiet", action="store_true",
                         help="no progress bar (it shows only when stderr is a terminal)")
     parser.add_argument("--scores", action="store_true",
@@ -110,6 +119,17 @@ def check_arguments(parser, args):
     if args.window < 1:
         parser.error("--window must be at least 1")
     check_engine(parser, args)
+    if args.split_sentences is not None:
+        from keras_transformer.sentences import check_language
+
+        for flag, given in (("--n-best", args.n_best is not None), ("--scores", args.scores)):
+            if given:
+                parser.error(f"{flag} does not apply to --split-sentences (a line's "
+                             "sentences are searched one by one)")
+        try:
+            check_language(args.split_sentences)
+        except (ValueError, ImportError) as e:
+            parser.error(f"--split-sentences: {e}")
     if args.n_best is not None:
         if args.n_best < 1:
             parser.error("--n-best must be at least 1")
@@ -174,7 +194,8 @@ def translate(argv=None, stdout=None, collect=True):
 
 def _search(args, translator):
     """`lines -> result` of the search `args` ask for: `translate`'s,
-    `sample`'s or `translate_nbest`'s."""
+    `sample`'s or `translate_nbest`'s, sentence by sentence with
+    --split-sentences."""
     if args.n_best is not None:
         return lambda lines: translator.translate_nbest(
             lines, args.n_best, beam_size=args.beam_size, alpha=args.alpha,
@@ -184,10 +205,25 @@ def _search(args, translator):
 
         options = {name: OPTIONS[name].default if getattr(args, name) is None
                    else getattr(args, name) for name in SAMPLING_OPTIONS}
-        return lambda lines: translator.sample(lines, extra_length=args.extra_length,
-                                               batch_size=args.batch_size, **options)
-    options = decoding_options(args, translator)
-    return lambda lines: translator.translate(lines, batch_size=args.batch_size, **options)
+
+        def search(lines):
+            return translator.sample(lines, extra_length=args.extra_length,
+                                     batch_size=args.batch_size, **options)
+    else:
+        options = decoding_options(args, translator)
+
+        def search(lines):
+            return translator.translate(lines, batch_size=args.batch_size, **options)
+    if args.split_sentences is None:
+        return search
+    from keras_transformer.sentences import translate_documents
+
+    def documents(lines):
+        found = translate_documents(lambda sentences: search(sentences)[0], lines,
+                                    args.split_sentences)
+        return found, [None] * len(found)
+
+    return documents
 
 
 def main(argv=None):
