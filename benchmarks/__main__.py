@@ -31,6 +31,8 @@ SUBCOMMANDS = {
                                        "agreement, server overhead, load"),
     "model-card": ("model_card", "a shipped model's card figures for both engines: "
                                  "scores, latency, sentences/s, size"),
+    "corpus": ("corpus", "kt-translate on a big file: memory at N and 10 N lines, "
+                         "sentences/s against one window, resume after a kill"),
     "serve-work": ("serve_work", "the memory one unit of kt-serve's request work costs "
                                  "on an export"),
     "search-quality": ("search_quality", "beam search vs exhaustive search, and Model Garden's"),
