@@ -56,17 +56,24 @@ def iter_lines(path):
     """
     f = _open_binary(path)
     try:
-        first = True
-        for line in f:
-            if first:
-                line = line.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark is not text
-                first = False
-            if line.endswith(b"\n"):
-                line = line[:-1]
-            yield line[:-1] if line.endswith(b"\r") else line
+        yield from split_lines(f)
     finally:
         if f is not sys.stdin.buffer:
             f.close()
+
+
+def split_lines(f):
+    """The lines of the open binary file `f` by `iter_lines`' rules (read
+    with `readline`, so any file-like object will do: a gzip stream, a
+    cloud file)."""
+    first = True
+    while line := f.readline():
+        if first:
+            line = line.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark is not text
+            first = False
+        if line.endswith(b"\n"):
+            line = line[:-1]
+        yield line[:-1] if line.endswith(b"\r") else line
 
 
 def count_lines(path):

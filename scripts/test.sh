@@ -15,5 +15,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
 source scripts/venv_jax.sh
+source scripts/venv_beam.sh
 python -m pytest -q -rs -n "${KT_TEST_WORKERS:-auto}" --maxprocesses 4 --dist loadfile \
   --no-loadscope-reorder --durations 10 "$@"

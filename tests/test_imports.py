@@ -29,7 +29,7 @@ RANKS = [
     {"training"},
     {"export"},
     {"pipeline"},  # the training pipeline as a library: validation BLEU translates
-    {"serving"},
+    {"serving", "beam"},  # beam: the corpus pipeline, a command of its own
     {"cli"},
 ]
 
