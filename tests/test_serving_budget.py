@@ -15,6 +15,7 @@ from starlette.requests import ClientDisconnect
 from test_serving_operations import SPECS, FakeServable, _app
 
 from keras_transformer.serving import app as app_module
+from keras_transformer.serving import server
 from keras_transformer.serving import work
 from keras_transformer.serving.rest_api import RestError, SignatureSpec, TensorSpec
 
@@ -173,22 +174,22 @@ def http_server(request):
         pytest.importorskip("httptools")
     import uvicorn
 
-    sock = app_module.bind("127.0.0.1", 0)
+    sock = server.bind("127.0.0.1", 0)
     config = uvicorn.Config(_hello, log_config=None, access_log=False, lifespan="off",
-                            http=app_module.guarded_protocol(
+                            http=server.guarded_protocol(
                                 5.0, request.param, max_connections=8,
                                 max_header_bytes=1024, max_url_bytes=256),
                             h11_max_incomplete_event_size=1025)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])),
+    running = uvicorn.Server(config)
+    thread = threading.Thread(target=lambda: asyncio.run(running.serve(sockets=[sock])),
                               daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
-    while not server.started:
+    while not running.started:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     yield sock.getsockname()[:2]
-    server.should_exit = True
+    running.should_exit = True
     thread.join(10)
     sock.close()
 

@@ -599,7 +599,7 @@ def test_a_late_header_closes_the_connection(parser):
         pytest.importorskip("httptools")
     import socket
 
-    from keras_transformer.serving.app import bind, run_server, url_of
+    from keras_transformer.serving.server import bind, run_server, url_of
 
     async def app(scope, receive, send):
         await send({"type": "http.response.start", "status": 200,

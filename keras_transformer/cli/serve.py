@@ -232,13 +232,7 @@ def serve(argv=None):
         if given and args.port is None:
             parser.error(f"{flag} is for the gRPC port: give --port too")
     from keras_transformer.serving import security
-    from keras_transformer.serving.app import (
-        ServingApp,
-        bind,
-        configure_logging,
-        run_server,
-        url_of,
-    )
+    from keras_transformer.serving.app import ServingApp
     from keras_transformer.serving.batching import BatchScheduler
     from keras_transformer.serving.metrics import Metrics
     from keras_transformer.serving.model_versions import VersionPolicy
@@ -248,6 +242,7 @@ def serve(argv=None):
         manager_factory,
         version_loader,
     )
+    from keras_transformer.serving.server import bind, configure_logging, run_server, url_of
     from keras_transformer.serving.work import RequestLimits
 
     configure_logging()
