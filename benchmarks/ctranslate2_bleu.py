@@ -111,7 +111,8 @@ def main(argv=None):
     from benchmarks import provenance
     from keras_transformer.evaluation import score_translations
     from keras_transformer.export import Translator
-    from keras_transformer.export.ctranslate2 import CTranslate2Translator, export_ctranslate2
+    from keras_transformer.export.ctranslate2 import export_ctranslate2
+    from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
     from keras_transformer.run_directory import RunDirectory
 
     run = RunDirectory(args.run_dir)

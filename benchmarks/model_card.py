@@ -78,7 +78,7 @@ def main(argv=None):
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     import keras_transformer as kt
     from keras_transformer.evaluation import score_translations
-    from keras_transformer.export.ctranslate2 import CTranslate2Translator
+    from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
     from keras_transformer.export.saved_model import resolve_version
 
     saved_model_path = resolve_version(args.saved_model)

@@ -118,10 +118,8 @@ class RawCTranslate2:
         import ctranslate2
         import sentencepiece
 
-        from keras_transformer.export.ctranslate2 import (
-            decoding_limit,
-            read_ctranslate2_metadata,
-        )
+        from keras_transformer.export.ctranslate2 import read_ctranslate2_metadata
+        from keras_transformer.export.ctranslate2_translator import decoding_limit
 
         metadata = read_ctranslate2_metadata(model_dir)
         defaults = metadata["defaults"]
@@ -228,7 +226,7 @@ def measure_overhead(args, int8_base, int8_dir, sentences):
     """Part 2: CTranslate2 and SentencePiece alone, `CTranslate2Translator`
     and kt-serve on the int8 version, each batch the three ways in turn
     (`overhead_round`)."""
-    from keras_transformer.export.ctranslate2 import CTranslate2Translator
+    from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
 
     plain, url = tiny_serving.start_server([
         "--model-name", "m", "--model-base-path", int8_base, "--ctranslate2-threads",
@@ -314,7 +312,7 @@ def main(argv=None):
     parts = set(args.parts.split(","))
     if not parts or parts - {"match", "overhead", "load", "threads"}:
         parser.error(f"--parts takes match, overhead, load, threads; received {args.parts!r}")
-    from keras_transformer.export.ctranslate2 import CTranslate2Translator
+    from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
 
     record = provenance.record()
     report = {**record, "run_dir": args.run_dir, "args": vars(args)}

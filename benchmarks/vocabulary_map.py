@@ -54,7 +54,7 @@ def main(argv=None):
     import sacrebleu
 
     from keras_transformer.cli import export
-    from keras_transformer.export.ctranslate2 import CTranslate2Translator
+    from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
     from keras_transformer.export.vocabulary_map import (
         VOCABULARY_MAP_FILE,
         read_vocabulary_map,

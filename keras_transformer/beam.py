@@ -23,7 +23,6 @@ import os
 import sys
 
 DEFAULT_SHARD_LINES = 100_000
-SIGNATURE = "serving_default"
 
 
 def _beam():
@@ -58,9 +57,11 @@ def saved_model_handler(saved_model, min_batch_size=1, max_batch_size=64):
             import tensorflow as tf
             import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
 
+            from keras_transformer.export.engine import SERVING_DEFAULT
             from keras_transformer.export.saved_model import resolve_version
 
-            return tf.saved_model.load(resolve_version(saved_model)).signatures[SIGNATURE]
+            return tf.saved_model.load(
+                resolve_version(saved_model)).signatures[SERVING_DEFAULT]
 
         def run_inference(self, batch, model, inference_args=None):
             import tensorflow as tf

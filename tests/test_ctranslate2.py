@@ -28,11 +28,13 @@ import keras_transformer as kt
 from keras_transformer.decoding import beam_search_translate, greedy_translate
 from keras_transformer.export.ctranslate2 import (
     METADATA_FILE,
-    CTranslate2Translator,
     SentencePieceVocabulary,
-    decoding_limit,
     export_ctranslate2,
     read_ctranslate2_metadata,
+)
+from keras_transformer.export.ctranslate2_translator import (
+    CTranslate2Translator,
+    decoding_limit,
 )
 from keras_transformer.tokenizer import train_sentencepiece
 from test_tokenizer import CORPUS

@@ -14,7 +14,8 @@ import keras_transformer as kt
 from keras_transformer.decoding import DEFAULT_ALPHA, DEFAULT_BEAM_SIZE, DEFAULT_EXTRA_LENGTH
 from keras_transformer.export import engine
 from keras_transformer.serving.client import RestClient
-from keras_transformer.export.ctranslate2 import CTranslate2Translator, export_ctranslate2
+from keras_transformer.export.ctranslate2 import export_ctranslate2
+from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
 from keras_transformer.export.engine import SIGNATURES, ExplainingEngine, TranslationEngine
 from keras_transformer.export.saved_model import SavedModelTranslator
 from keras_transformer.export.translator import Translator

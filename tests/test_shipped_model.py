@@ -67,7 +67,7 @@ def test_the_savedmodel_loads_in_plain_tensorflow_and_translates_to_german():
 
 def test_the_ctranslate2_export_loads_in_its_engine_and_translates_to_german():
     pytest.importorskip("ctranslate2")
-    from keras_transformer.export.ctranslate2 import CTranslate2Translator
+    from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
 
     translations, _ = CTranslate2Translator(CTRANSLATE2).translate(SENTENCES)
     assert_german(translations)
@@ -103,7 +103,7 @@ def test_test_2016_flickr_scores_as_the_card_says(engine):
 
     if engine == "ctranslate2":
         pytest.importorskip("ctranslate2")
-        from keras_transformer.export.ctranslate2 import CTranslate2Translator
+        from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
 
         translator = CTranslate2Translator(CTRANSLATE2)
     else:

@@ -50,7 +50,8 @@ def test_bad_settings_and_files_are_refused(tmp_path):
 def test_the_engine_uses_an_exported_map(tmp_path):
     pytest.importorskip("ctranslate2")
     from benchmarks.tiny_serving import _tiny_translator
-    from keras_transformer.export.ctranslate2 import CTranslate2Translator, export_ctranslate2
+    from keras_transformer.export.ctranslate2 import export_ctranslate2
+    from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
 
     translator, model = _tiny_translator(7)
     tokenizer = translator.tokenizer

@@ -200,7 +200,7 @@ def open_from_args(args):
     from keras_transformer.export.saved_model import open_translator
 
     if getattr(args, "engine", "tensorflow") == "ctranslate2":
-        from keras_transformer.export.ctranslate2 import (
+        from keras_transformer.export.ctranslate2_translator import (
             CTranslate2Translator,
             ctranslate2_translator_from_run,
         )

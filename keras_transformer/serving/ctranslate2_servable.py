@@ -1,6 +1,6 @@
 """A CTranslate2 export served by kt-serve: the SavedModel's signatures,
 inputs, outputs and refusals, answered by CTranslate2's engine
-(`export.ctranslate2.CTranslate2Translator`).
+(`export.ctranslate2_translator.CTranslate2Translator`).
 
 A version directory holding `model.bin` and `keras_transformer.json`
 (`kt-export --format ctranslate2`) is a CTranslate2 version
@@ -96,7 +96,7 @@ class CTranslate2Servable:
 
     def __init__(self, path, version, compute_type="default", intra_threads=1,
                  inter_threads=1, vocabulary_map="auto"):
-        from keras_transformer.export.ctranslate2 import CTranslate2Translator
+        from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
 
         self.version = version
         self.path = path
