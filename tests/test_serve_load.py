@@ -17,7 +17,7 @@ import threading
 
 import pytest
 
-from benchmarks import serve_load
+from benchmarks import serve_load, serve_requests
 
 CLIENTS = 16
 
@@ -86,9 +86,9 @@ def test_every_request_gets_its_own_answer(report):
     # Every kind of request was sent, and each kind got only its status (the
     # one exception: requests pinned to version 1 may get 404 once it is
     # unloaded).
-    assert set(statuses) == set(serve_load.WEIGHTS)
+    assert set(statuses) == set(serve_requests.WEIGHTS)
     for kind, counts in statuses.items():
-        allowed = {str(serve_load.STATUS[kind])} | ({"404"} if kind == "pinned" else set())
+        allowed = {str(serve_requests.STATUS[kind])} | ({"404"} if kind == "pinned" else set())
         assert set(counts) <= allowed, (kind, counts)
     assert sum(statuses["pinned"].values()) > statuses["pinned"].get("404", 0)
 
@@ -133,16 +133,16 @@ def test_the_check_catches_a_swapped_answer_a_wrong_version_and_a_bad_error_body
     versions = serve_load.Versions("tiny", {}, {"s0": "a", "s1": "b"}, sentences, answers, 20)
 
     def outcome(key, body, status=200, expect=200, version=None):
-        spec = serve_load.Spec("sentence", "/v1/models/tiny:predict", b"", expect,
+        spec = serve_requests.Spec("sentence", "/v1/models/tiny:predict", b"", expect,
                                (("serving_default", key),) if expect == 200 else (), version)
-        return serve_load.Outcome(spec, 1.0, 2.0, status, body, json.dumps(body))
+        return serve_requests.Outcome(spec, 1.0, 2.0, status, body, json.dumps(body))
 
     def answer(translation, score):
         return {"outputs": {"translation": [translation], "score": [score]}}
 
     def failures(*outcomes, allowed=frozenset({1})):
-        run = serve_load.Run(list(outcomes), 0.0, 3.0)
-        return serve_load.check(run, versions, lambda o: set(allowed))
+        run = serve_requests.Run(list(outcomes), 0.0, 3.0)
+        return serve_requests.check(run, versions, lambda o: set(allowed))
 
     right = outcome("s0", answer("v1-s0", -11.0))
     close = outcome("s1", answer("v1-s1", -21.0 * (1 + 5e-6)))
