@@ -17,7 +17,7 @@ import threading
 
 import pytest
 
-from benchmarks import serve_load, serve_requests
+from benchmarks import serve_load, serve_requests, serve_versions
 
 CLIENTS = 16
 
@@ -34,8 +34,8 @@ def start_when_exported(directory, batching):
 
         def start():
             try:
-                box["base"] = serve_load.serve_version(path, directory)
-                box["server"] = serve_load.Server.start(serve_load.NAME, box["base"], batching)
+                box["base"] = serve_versions.serve_version(path, directory)
+                box["server"] = serve_load.Server.start(serve_versions.NAME, box["base"], batching)
             except BaseException as error:  # re-raised by the fixture
                 box["error"] = error
 
@@ -50,14 +50,14 @@ def served(directory, batching, reweight, in_process):
     stages version 2. Returns `(server, versions, publish)`."""
     box, on_exported = start_when_exported(directory, batching)
     try:
-        versions = serve_load.export_versions(directory / "exports", reweight=reweight,
+        versions = serve_versions.export_versions(directory / "exports", reweight=reweight,
                                               in_process=in_process, on_exported=on_exported)
     finally:
         if "thread" in box:
             box["thread"].join()
     if "error" in box:
         raise box["error"]
-    publish = serve_load.stage_version(versions.paths[2], directory, box["base"])
+    publish = serve_versions.stage_version(versions.paths[2], directory, box["base"])
     return box["server"], versions, publish
 
 
@@ -130,7 +130,7 @@ def test_the_check_catches_a_swapped_answer_a_wrong_version_and_a_bad_error_body
     sentences = ["s0", "s1"]
     answers = {v: {("serving_default", k): (f"v{v}-{k}", -10.0 * (i + 1) - v)
                    for i, k in enumerate(sentences)} for v in (1, 2)}
-    versions = serve_load.Versions("tiny", {}, {"s0": "a", "s1": "b"}, sentences, answers, 20)
+    versions = serve_versions.Versions("tiny", {}, {"s0": "a", "s1": "b"}, sentences, answers, 20)
 
     def outcome(key, body, status=200, expect=200, version=None):
         spec = serve_requests.Spec("sentence", "/v1/models/tiny:predict", b"", expect,
@@ -194,7 +194,7 @@ SWAP_GROWTH_BOUND_MIB = 150
 def test_twenty_swaps_under_load_keep_every_answer_and_bounded_memory(tmp_path):
     server, versions, _ = served(tmp_path, batching=True, reweight=True, in_process=True)
     try:
-        base = tmp_path / "served" / serve_load.NAME
+        base = tmp_path / "served" / serve_versions.NAME
         _, failures = serve_load.warm_up(server, versions, CLIENTS)
         more, rss = serve_load.swaps_run(server, versions, tmp_path / "swaps", str(base), SWAPS,
                                          clients=CLIENTS)
