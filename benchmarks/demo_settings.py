@@ -67,6 +67,9 @@ def main(argv=None):
                         help="validation and test sentences (kt-demo scores 500)")
     parser.add_argument("--work-dir", default=os.path.join("runs", "demo-settings"))
     parser.add_argument("--output", default=None)
+    parser.add_argument("--no-xla", dest="xla", action="store_false",
+                        help="translate without XLA (kt-demo translates under XLA; the "
+                        "translations are the same, and a tiny run starts sooner)")
     args = parser.parse_args(argv)
     if args.every < 1 or args.first_end - 4 * args.every < args.every:
         parser.error("--first-end must leave room for 5 checkpoints --every apart before it")
@@ -102,7 +105,7 @@ def main(argv=None):
                 key = f"{end}, {name}"
                 row = results.setdefault(key, {"end": end, "checkpoints": steps})
                 for split, (sources, references) in splits.items():
-                    hypotheses, _ = translator.translate(sources, jit_compile=True)
+                    hypotheses, _ = translator.translate(sources, jit_compile=args.xla)
                     row.setdefault(split, {})[str(seed)] = round(
                         score_translations(hypotheses, references)["bleu"], 2)
                 print(f"seed {seed}, update {key}: validation {row['validation'][str(seed)]}, "
