@@ -34,16 +34,11 @@ from keras_transformer.cli.common import (
     run_command,
     translation_parser,
 )
-from keras_transformer.streaming import (
-    DEFAULT_WINDOW,
-    count_lines,
-    iter_lines,
-    progress_bar,
-    windows,
-)
 
 
 def build_parser():
+    from keras_transformer.streaming import DEFAULT_WINDOW
+
     parser = translation_parser("kt-evaluate", __doc__, ctranslate2=True)
     parser.add_argument("--source", required=True, help="source sentences, one per line")
     parser.add_argument("--reference", required=True, help="reference translations")
@@ -72,6 +67,7 @@ def evaluate(argv=None, stdout=None):
     gives them.
     """
     from keras_transformer.evaluation import score_translations
+    from keras_transformer.streaming import count_lines, iter_lines, progress_bar, windows
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -78,12 +78,13 @@ from keras_transformer.cli.common import (
     run_command,
     translation_parser,
 )
-from keras_transformer.streaming import DEFAULT_WINDOW
 
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "seed")
 
 
 def build_parser():
+    from keras_transformer.streaming import DEFAULT_WINDOW
+
     parser = translation_parser("kt-translate", __doc__, ctranslate2=True)
     parser.add_argument("--input", default="-", help="source file, one sentence per line "
                         "(.gz ok; default: stdin)")
