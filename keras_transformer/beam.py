@@ -124,6 +124,8 @@ def build_pipeline(pipeline, saved_model, pattern, output_dir,
     from apache_beam.io.filesystems import FileSystems
     from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 
+    from keras_transformer.streaming import one_line
+
     def files(pattern):
         for match in FileSystems.match([pattern])[0].metadata_list:
             yield match.path
@@ -136,8 +138,7 @@ def build_pipeline(pipeline, saved_model, pattern, output_dir,
         shards = max(1, -(-counts[path] // shard_lines))
         lines = [text for _, text in sorted(numbered)]
         target = _shard_name(output_dir, path, shard, shards)
-        _write(target, "".join(
-            t.replace("\r", " ").replace("\n", " ") + "\n" for t in lines).encode("utf-8"))
+        _write(target, "".join(one_line(t) + "\n" for t in lines).encode("utf-8"))
         return target
 
     paths = pipeline | "Files" >> beam.Create([pattern]) | "Match" >> beam.FlatMap(files)

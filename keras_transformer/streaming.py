@@ -76,6 +76,12 @@ def split_lines(f):
         yield line[:-1] if line.endswith(b"\r") else line
 
 
+def one_line(text):
+    """A translation on one output line: line breaks become spaces, so
+    output line i always translates input line i."""
+    return text.replace("\r", " ").replace("\n", " ")
+
+
 def count_lines(path):
     """How many lines `iter_lines(path)` gives, read in 1 MiB blocks; None
     for stdin."""

@@ -244,8 +244,3 @@ def read_lines(path):
     from keras_transformer.streaming import iter_lines
 
     return list(iter_lines(path))
-
-
-def one_line(text):
-    """A translation on one output line (line breaks become spaces)."""
-    return text.replace("\r", " ").replace("\n", " ")

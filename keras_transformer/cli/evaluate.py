@@ -29,7 +29,6 @@ from keras_transformer import startup
 from keras_transformer.cli.common import (
     check_engine,
     decoding_options,
-    one_line,
     open_from_args,
     run_command,
     translation_parser,
@@ -67,7 +66,13 @@ def evaluate(argv=None, stdout=None):
     gives them.
     """
     from keras_transformer.evaluation import score_translations
-    from keras_transformer.streaming import count_lines, iter_lines, progress_bar, windows
+    from keras_transformer.streaming import (
+        count_lines,
+        iter_lines,
+        one_line,
+        progress_bar,
+        windows,
+    )
 
     parser = build_parser()
     args = parser.parse_args(argv)

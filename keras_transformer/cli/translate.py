@@ -73,7 +73,6 @@ from keras_transformer.cli.common import (
     add_search_flag,
     check_engine,
     decoding_options,
-    one_line,
     open_from_args,
     run_command,
     translation_parser,
@@ -161,7 +160,7 @@ def translate(argv=None, stdout=None, collect=True):
     list per input line of K `(translation, score)` pairs, best first;
     without (the command), None: memory does not grow with the input.
     """
-    from keras_transformer.streaming import translate_file
+    from keras_transformer.streaming import one_line, translate_file
 
     parser = build_parser()
     args = parser.parse_args(argv)
