@@ -2,18 +2,26 @@
 peak resident memory at N and 10 N lines, sentences/s against one window
 holding the whole input (how kt-translate read a file before it streamed:
 all of it sorted and translated at once, written at the end), and the time
-a job killed halfway takes to resume.
+a job killed halfway takes to resume. With `--beam-python` (a Python with
+the `beam` extra, e.g. .venv-beam/bin/python) and a SavedModel, it also
+times the Beam pipeline (`keras_transformer.beam`) on the DirectRunner with
+2 workers against streaming kt-translate on the same N lines, rounds
+alternating, and checks that both write the same translations.
 
     python -m benchmarks corpus --saved-model saved_models/demo
     python -m benchmarks corpus --ctranslate2-model DIR --lines 10000
+    python -m benchmarks corpus --run-dir runs/demo --lines 10000 --large-lines 20000
+    python -m benchmarks corpus --saved-model saved_models/demo \
+        --beam-python .venv-beam/bin/python --parts beam
 
 Each measurement is one `kt-translate` process (its peak RSS from
 `getrusage` of the children); the input is the built-in corpus generator's
-sentences, repeated to length. The two throughput runs alternate over
+sentences, all different (up to 100,000). The two runs alternate over
 `--rounds`.
 """
 
 import argparse
+import json
 import os
 import signal
 import statistics
@@ -25,10 +33,15 @@ import time
 from benchmarks import provenance
 
 
-def write_input(path, lines):
+def write_input(path, lines, distinct=100_000):
+    """`lines` sentences of the built-in corpus generator, all different up
+    to `distinct` (then repeated): copies of a sentence sorted into one
+    batch would end their searches together and flatter the larger
+    windows."""
     from keras_transformer.data.synthetic import generate_corpus
 
-    sentences = generate_corpus(seed=5, num_train=2000, num_val=1, num_test=1)["train"][0]
+    sentences = generate_corpus(seed=5, num_train=min(lines, distinct), num_val=1,
+                                num_test=1)["train"][0]
     with open(path, "w", encoding="utf-8") as f:
         for i in range(lines):
             f.write(sentences[i % len(sentences)] + "\n")
@@ -72,10 +85,47 @@ def resume_after_kill(command, output, lines, fraction=0.5):
     return {"windows_done_at_kill": done, "resume_seconds": round(seconds, 1)}
 
 
+def beam_direct(python, saved_model, source, output_dir, batch_size):
+    return [python, "-m", "keras_transformer.beam", "--saved-model", saved_model,
+            "--input", source, "--output-dir", output_dir, "--max-batch-size", str(batch_size),
+            "--runner", "DirectRunner", "--direct_num_workers", "2",
+            "--direct_running_mode", "multi_processing"]
+
+
+def beam_rounds(args, flags, small, work, streaming):
+    """Sentences/s of the Beam DirectRunner (2 workers) and of streaming
+    kt-translate on `small`, alternating; raises if their translations
+    differ."""
+    rounds = []
+    for r in range(args.rounds):
+        pair, outputs = {}, {}
+        out_dir = os.path.join(work, f"beam{r}")
+        commands = {"beam": beam_direct(args.beam_python, args.saved_model, small, out_dir,
+                                        args.batch_size),
+                    "streaming": kt_translate(flags, small, os.path.join(work, "s.out"),
+                                              *streaming)}
+        for name in (("beam", "streaming") if r % 2 == 0 else ("streaming", "beam")):
+            seconds, peak = measured(commands[name])
+            pair[name] = {"sentences_per_second": round(args.lines / seconds, 1),
+                          "seconds": round(seconds, 1), "peak_rss_mib": round(peak)}
+        for name, paths in (("beam", sorted(os.path.join(out_dir, f)
+                                            for f in os.listdir(out_dir))),
+                            ("streaming", [os.path.join(work, "s.out")])):
+            outputs[name] = "".join(open(p, encoding="utf-8").read() for p in paths)
+        if outputs["beam"] != outputs["streaming"]:
+            raise RuntimeError("the Beam pipeline's translations differ from kt-translate's")
+        pair["ratio"] = round(pair["beam"]["sentences_per_second"]
+                              / pair["streaming"]["sentences_per_second"], 3)
+        rounds.append(pair)
+        print("beam round", r, pair, flush=True)
+    return rounds
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks corpus",
                                      description=__doc__.split("\n\n")[0], allow_abbrev=False)
     model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--run-dir")
     model.add_argument("--saved-model")
     model.add_argument("--ctranslate2-model")
     parser.add_argument("--lines", type=int, default=10_000,
@@ -85,54 +135,72 @@ def main(argv=None):
     parser.add_argument("--window", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--beam-python",
+                        help="a Python with the beam extra: also time the Beam DirectRunner")
+    parser.add_argument("--parts", default="memory,throughput,resume,beam",
+                        help="comma-separated: memory, throughput, resume, beam")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
-    flags = (["--saved-model", args.saved_model] if args.saved_model
-             else ["--ctranslate2-model", args.ctranslate2_model])
+    parts = set(args.parts.split(","))
+    if parts - {"memory", "throughput", "resume", "beam"}:
+        parser.error(f"--parts takes memory, throughput, resume, beam; received {args.parts!r}")
+    if "beam" in parts and args.beam_python and not args.saved_model:
+        parser.error("--beam-python needs --saved-model: the pipeline runs a SavedModel")
+    flags = next([flag, value] for flag, value in (("--run-dir", args.run_dir),
+                                                    ("--saved-model", args.saved_model),
+                                                    ("--ctranslate2-model",
+                                                     args.ctranslate2_model)) if value)
     work = tempfile.mkdtemp(prefix="kt-corpus-")
     small, large = os.path.join(work, "small.txt"), os.path.join(work, "large.txt")
     write_input(small, args.lines)
-    large_lines = args.large_lines or 10 * args.lines
-    write_input(large, large_lines)
+    if "memory" in parts:
+        write_input(large, args.large_lines or 10 * args.lines)
     batch = ["--batch-size", str(args.batch_size)]
     streaming = ["--window", str(args.window), *batch]
     whole = ["--window", str(args.lines + 1), *batch]
-    memory = {}
-    for name, source in (("small", small), ("large", large)):
-        seconds, peak = measured(kt_translate(flags, source, os.path.join(work, name + ".out"),
-                                              *streaming))
-        memory[name] = {"lines": sum(1 for _ in open(source)), "peak_rss_mib": round(peak),
-                        "seconds": round(seconds, 1)}
-        print(name, memory[name], flush=True)
-    rounds = []
-    for r in range(args.rounds):
-        pair = {}
-        order = (("streaming", streaming), ("whole", whole))
-        for name, options in order if r % 2 == 0 else order[::-1]:
-            seconds, peak = measured(kt_translate(flags, small, os.path.join(work, "t.out"),
-                                                  *options))
-            pair[name] = {"sentences_per_second": round(args.lines / seconds, 1),
-                          "peak_rss_mib": round(peak)}
-        pair["ratio"] = round(pair["streaming"]["sentences_per_second"]
-                              / pair["whole"]["sentences_per_second"], 3)
-        rounds.append(pair)
-        print("round", r, pair, flush=True)
-    resume_output = os.path.join(work, "resume.out")
-    resume = resume_after_kill(kt_translate(flags, small, resume_output, *streaming),
-                               resume_output, args.lines)
-    resume["uninterrupted_seconds"] = memory["small"]["seconds"]
-    print("resume", resume, flush=True)
+    document = {"kind": "corpus", "model": flags, "args": vars(args)}
+    if "memory" in parts:
+        memory = {}
+        for name, source in (("small", small), ("large", large)):
+            seconds, peak = measured(kt_translate(flags, source,
+                                                  os.path.join(work, name + ".out"), *streaming))
+            memory[name] = {"lines": sum(1 for _ in open(source)), "peak_rss_mib": round(peak),
+                            "seconds": round(seconds, 1)}
+            print(name, memory[name], flush=True)
+        document["memory"] = memory
+        document["memory_growth_mib"] = (memory["large"]["peak_rss_mib"]
+                                         - memory["small"]["peak_rss_mib"])
+    if "throughput" in parts:
+        rounds = []
+        for r in range(args.rounds):
+            pair = {}
+            order = (("streaming", streaming), ("whole", whole))
+            for name, options in order if r % 2 == 0 else order[::-1]:
+                seconds, peak = measured(kt_translate(flags, small, os.path.join(work, "t.out"),
+                                                      *options))
+                pair[name] = {"sentences_per_second": round(args.lines / seconds, 1),
+                              "peak_rss_mib": round(peak)}
+            pair["ratio"] = round(pair["streaming"]["sentences_per_second"]
+                                  / pair["whole"]["sentences_per_second"], 3)
+            rounds.append(pair)
+            print("round", r, pair, flush=True)
+        document["throughput_rounds"] = rounds
+        document["streaming_over_whole_median"] = statistics.median(r["ratio"] for r in rounds)
+    if "resume" in parts:
+        resume_output = os.path.join(work, "resume.out")
+        resume = resume_after_kill(kt_translate(flags, small, resume_output, *streaming),
+                                   resume_output, args.lines)
+        if "memory" in parts:
+            resume["uninterrupted_seconds"] = document["memory"]["small"]["seconds"]
+        print("resume", resume, flush=True)
+        document["resume"] = resume
+    if "beam" in parts and args.beam_python:
+        rounds = beam_rounds(args, flags, small, work, streaming)
+        document["beam_rounds"] = rounds
+        document["beam_over_streaming_median"] = statistics.median(r["ratio"] for r in rounds)
     fields = provenance.record()
-    document = {**fields, "kind": "corpus", "model": flags, "args": vars(args),
-                "memory": memory,
-                "memory_growth_mib": memory["large"]["peak_rss_mib"]
-                - memory["small"]["peak_rss_mib"],
-                "throughput_rounds": rounds,
-                "streaming_over_whole_median": statistics.median(r["ratio"] for r in rounds),
-                "resume": resume}
-    print(f"memory {memory['small']['peak_rss_mib']} MiB at {args.lines} lines, "
-          f"{memory['large']['peak_rss_mib']} MiB at {large_lines}; streaming over one "
-          f"window: {document['streaming_over_whole_median']:.3f}x")
+    document = {**fields, **document}
+    print(json.dumps({k: v for k, v in document.items() if k.endswith(("median", "growth_mib"))}))
     provenance.write_result(document, fields, "corpus", args.json)
 
 

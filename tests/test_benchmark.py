@@ -197,3 +197,18 @@ def test_multi30k_jax_batches_hold_every_pair_within_the_token_budget(tmp_path):
     seen = [int(row[row != m.PAD][:-1].sum()) for (s, _), _ in m.evaluation_batches(
         *splits["val"], batch_tokens=64) for row in s]
     assert sorted(seen) == sorted(int(x.sum()) for x in splits["val"][0])
+
+
+def test_corpus_input_is_all_different_sentences_up_to_the_cap(tmp_path):
+    """Copies of a sentence sorted into one batch end their searches together
+    and would flatter the whole-file window: the input has none up to the
+    cap."""
+    from benchmarks.corpus import main, write_input
+
+    path = str(tmp_path / "in.txt")
+    write_input(path, 300, distinct=200)
+    lines = open(path, encoding="utf-8").read().splitlines()
+    assert len(lines) == 300 and len(set(lines[:200])) == 200
+    assert lines[200:] == lines[:100]
+    with pytest.raises(SystemExit):
+        main(["--saved-model", "m", "--parts", "memory,speed"])
