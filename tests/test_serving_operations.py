@@ -513,9 +513,22 @@ def test_a_full_queue_and_too_many_requests_answer_503(tmp_path):
     serving = _app(tmp_path, max_enqueued_requests=2, max_concurrent_requests=4)
     FakeServable.delay = 0.5
     try:
+        async def slow_body():
+            await asyncio.sleep(0.1)
+            yield BODY
+
+        async def later():
+            await asyncio.sleep(0.05)
+            return await _call(serving.app, "POST", PREDICT, BODY)
+
         async def scenario():
-            return await asyncio.gather(*[_call(serving.app, "POST", PREDICT, BODY)
-                                          for _ in range(6)])
+            # Two run, two more upload while two others arrive: those two
+            # find four requests in flight, the uploads then a full queue.
+            return await asyncio.gather(
+                *[_call(serving.app, "POST", PREDICT, BODY) for _ in range(2)],
+                *[_call(serving.app, "POST", PREDICT, body_chunks=slow_body())
+                  for _ in range(2)],
+                *[later() for _ in range(2)])
 
         answers = asyncio.run(scenario())
     finally:

@@ -518,23 +518,35 @@ _TIMEOUT = getattr(asyncio, "timeout", None)
 
 
 async def _unless_disconnected(request, coroutine):
-    """Awaits `coroutine`, cancelling it (and raising `ClientDisconnect`)
-    if the client closes its connection first: a request's body has been
-    read, so the next ASGI message is the disconnect."""
-    task = asyncio.ensure_future(coroutine)
+    """Awaits `coroutine` in the current task, cancelling it (and raising
+    `ClientDisconnect`) if the client closes its connection first: a
+    request's body has been read, so the next ASGI message is the
+    disconnect. The watch is a callback on one `receive()`, not a second
+    task to wait beside the work."""
+    task = asyncio.current_task()
+    gone = []
+
+    def watch_done(watch):
+        if (not watch.cancelled() and watch.exception() is None
+                and watch.result()["type"] == "http.disconnect"):
+            gone.append(True)
+            task.cancel()
+
     watch = asyncio.ensure_future(request.receive())
+    watch.add_done_callback(watch_done)
     try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done() and watch.result()["type"] == "http.disconnect":
-            task.cancel()
-            LOGGER.info("The client of %s %s went away; its remaining work is cancelled",
-                        request.method, request.url.path)
-            raise ClientDisconnect()
-        return await task
+        return await coroutine
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        if hasattr(task, "uncancel"):  # Python 3.11: this cancel is handled here
+            task.uncancel()
+        LOGGER.info("The client of %s %s went away; its remaining work is cancelled",
+                    request.method, request.url.path)
+        raise ClientDisconnect() from None
     finally:
+        watch.remove_done_callback(watch_done)
         watch.cancel()
-        if not task.done():
-            task.cancel()
 
 
 def _parse(body, specs, max_rows):
