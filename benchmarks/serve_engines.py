@@ -14,13 +14,16 @@ run's search defaults. Then:
    alpha 0 (where the two length penalties agree), and the largest score
    difference at alpha 0 among identical ones.
 2. Overhead: the same requests of `--batch` sentences, one after another,
-   three ways: CTranslate2 and SentencePiece alone in this process
+   four ways: CTranslate2 and SentencePiece alone in this process
    (`RawCTranslate2`, the floor), `CTranslate2Translator` in this process,
-   and kt-serve on the int8 version (no batching) from one client
-   (`http.client`, one keep-alive connection); sentences/s of each over
-   `--overhead-rounds` rounds, each request sent the three ways in turn
-   (in an order that rotates). The ratios to the floor are the medians of
-   per-round ratios; the translations of the three are compared.
+   kt-serve on the int8 version (no batching), and the plainest HTTP
+   server around CTranslate2 alone (benchmarks/plain_http_server.py: one
+   thread, `http.server`, no checks: what any server adds on this
+   machine), each server from one client (`http.client`, one keep-alive
+   connection); sentences/s of each over `--overhead-rounds` rounds, each
+   request sent the four ways in turn (in an order that rotates). The
+   ratios to the floor are the medians of per-round ratios; the
+   translations of the four are compared.
 3. Load: `--clients` clients send requests of one to four test sentences
    (`--requests` per round) to kt-serve on the SavedModel and to kt-serve on
    the int8 version, both with --enable-batching, alternating rounds:
@@ -141,31 +144,37 @@ class RawCTranslate2:
         return [self.target.decode(result.hypotheses[0]) for result in out]
 
 
-def overhead_round(url, engines, batches, first=0):
-    """Sentences/s of kt-serve at `url` (`"kt_serve"`) and of each of
-    `engines` (`{name: translate(batch) -> translations}`) over `batches`,
-    and the translations of each. Each batch goes through all of them, in
-    an order that rotates from batch to batch (from `first`), so a change
-    in the machine's load falls on all alike. The client is `http.client`
-    on one keep-alive connection: the least a client can add, so
-    kt-serve's figure against the others is the server's cost."""
+def overhead_round(urls, engines, batches, first=0):
+    """Sentences/s of each server of `urls` (`{name: predict URL}`) and of
+    each of `engines` (`{name: translate(batch) -> translations}`) over
+    `batches`, and the translations of each. Each batch goes through all of
+    them, in an order that rotates from batch to batch (from `first`), so a
+    change in the machine's load falls on all alike. The client is
+    `http.client` on one keep-alive connection per server: the least a
+    client can add, so a server's figure against the others is its cost."""
     import http.client
     import urllib.parse
 
-    address = urllib.parse.urlsplit(url)
-    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=120)
+    connections = {}
 
-    def served(batch):
-        connection.request("POST", address.path,
-                           json.dumps({"inputs": {"text": batch}}).encode(),
-                           {"Content-Type": "application/json"})
-        answer = connection.getresponse()
-        body = answer.read()
-        if answer.status != 200:
-            raise RuntimeError(f"{answer.status}: {body[:300]!r}")
-        return body
+    def client(url):
+        address = urllib.parse.urlsplit(url)
+        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=120)
+        connections[url] = connection
 
-    calls = {"kt_serve": served, **engines}
+        def served(batch):
+            connection.request("POST", address.path,
+                               json.dumps({"inputs": {"text": batch}}).encode(),
+                               {"Content-Type": "application/json"})
+            answer = connection.getresponse()
+            body = answer.read()
+            if answer.status != 200:
+                raise RuntimeError(f"{answer.status}: {body[:300]!r}")
+            return body
+
+        return served
+
+    calls = {**{name: client(url) for name, url in urls.items()}, **engines}
     names = list(calls)
     seconds = dict.fromkeys(names, 0.0)
     translations = {name: [] for name in names}
@@ -178,9 +187,11 @@ def overhead_round(url, engines, batches, first=0):
                 seconds[name] += time.perf_counter() - start
                 translations[name].append(out)
     finally:
-        connection.close()
-    translations["kt_serve"] = [json.loads(body)["outputs"]["translation"]
-                                for body in translations["kt_serve"]]
+        for connection in connections.values():
+            connection.close()
+    for name in urls:
+        translations[name] = [json.loads(body)["outputs"]["translation"]
+                              for body in translations[name]]
     sentences = sum(map(len, batches))
     return ({name: sentences / seconds[name] for name in names},
             {name: [t for batch in out for t in batch] for name, out in translations.items()})
@@ -222,42 +233,63 @@ def latency(engine, singles):
     return statistics.median(times)
 
 
+def start_plain_server(model_dir, threads):
+    """`benchmarks/plain_http_server.py` on `model_dir`: `(process, url)`."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.plain_http_server", model_dir, str(threads)],
+        cwd=tiny_serving.ROOT, env=tiny_serving.ENV, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True)
+    port = process.stdout.readline().strip()
+    if not port.isdigit():
+        process.kill()
+        raise RuntimeError("benchmarks/plain_http_server.py did not start")
+    return process, f"http://127.0.0.1:{port}/v1/models/m:predict"
+
+
 def measure_overhead(args, int8_base, int8_dir, sentences):
-    """Part 2: CTranslate2 and SentencePiece alone, `CTranslate2Translator`
-    and kt-serve on the int8 version, each batch the three ways in turn
-    (`overhead_round`)."""
+    """Part 2: CTranslate2 and SentencePiece alone, `CTranslate2Translator`,
+    kt-serve on the int8 version and the plainest HTTP server around
+    CTranslate2 alone (`benchmarks/plain_http_server.py`), each batch the
+    four ways in turn (`overhead_round`)."""
     from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
 
     plain, url = tiny_serving.start_server([
         "--model-name", "m", "--model-base-path", int8_base, "--ctranslate2-threads",
         str(args.ctranslate2_threads)])
+    floor, floor_url = start_plain_server(int8_dir, args.ctranslate2_threads)
     translator = CTranslate2Translator(int8_dir, intra_threads=args.ctranslate2_threads)
     raw = RawCTranslate2(int8_dir, args.ctranslate2_threads)
     engines = {"raw": raw.translate, "translator": lambda batch: translator.translate(batch)[0]}
     rng = random.Random(0)
     batches = [rng.sample(sentences, args.batch) for _ in range(args.batches)]
-    predict = f"{url}/v1/models/m:predict"
-    names = ["raw", "translator", "kt_serve"]
-    overhead_round(predict, engines, batches[:3])  # warm all three
+    urls = {"kt_serve": f"{url}/v1/models/m:predict", "plain_http": floor_url}
+    names = ["raw", "translator", "kt_serve", "plain_http"]
+    ratios = [f"{name}_over_raw" for name in names[1:]]
+    overhead_round(urls, engines, batches[:3])  # warm all four
     rounds, identical = [], {}
     try:
         for r in range(args.overhead_rounds):
-            rates, translations = overhead_round(predict, engines, batches, first=r)
-            rounds.append({**rates, "translator_over_raw": rates["translator"] / rates["raw"],
-                           "kt_serve_over_raw": rates["kt_serve"] / rates["raw"]})
-            for name in ("translator", "kt_serve"):
+            rates, translations = overhead_round(urls, engines, batches, first=r)
+            rounds.append({**rates, **{f"{name}_over_raw": rates[name] / rates["raw"]
+                                       for name in names[1:]}})
+            for name in names[1:]:
                 same = sum(a == b for a, b in zip(translations["raw"], translations[name]))
                 identical[name] = min(identical.get(name, same), same)
             print(f"overhead round {r}: " + ", ".join(
                 f"{name} {rates[name]:.0f}" for name in names) + " sentences/s", flush=True)
     finally:
         tiny_serving.stop_server(plain)
+        floor.kill()
+        floor.wait()
     return {"rounds": rounds, "batch": args.batch, "batches": args.batches,
             "sentences_per_round": args.batch * args.batches,
             "identical_to_raw": {**identical, "of": args.batch * args.batches},
             **{f"{name}_median": statistics.median(r[name] for r in rounds) for name in names},
             **{f"{ratio}_median": statistics.median(r[ratio] for r in rounds)
-               for ratio in ("translator_over_raw", "kt_serve_over_raw")}}
+               for ratio in ratios}}
 
 
 def measure_load(args, saved_model, int8_base, sentences):
@@ -346,7 +378,8 @@ def main(argv=None):
         overhead = report["overhead"]
         print(f"overhead: against CTranslate2 and SentencePiece alone, sentences/s: "
               f"CTranslate2Translator {overhead['translator_over_raw_median']:.3f}, "
-              f"kt-serve {overhead['kt_serve_over_raw_median']:.3f}")
+              f"kt-serve {overhead['kt_serve_over_raw_median']:.3f}, the plainest HTTP "
+              f"server {overhead['plain_http_over_raw_median']:.3f}")
     if "load" in report:
         print(f"load: kt-serve on CTranslate2 int8 / on the SavedModel, sentences/s: "
               f"{report['load']['ratio_median']:.3f}")
