@@ -92,33 +92,49 @@ def beam_direct(python, saved_model, source, output_dir, batch_size):
             "--direct_running_mode", "multi_processing"]
 
 
+def alternating_rounds(rounds, commands, lines, check=None):
+    """`rounds` rounds of the two commands of `commands(r)` (`{name:
+    command}`, the ratio's numerator first), in an order that flips every
+    round, each timed by `measured`; `check(r)`, if given, runs after each
+    round. Returns the rounds, each `{name: {sentences_per_second,
+    seconds, peak_rss_mib}, "ratio": first / second}`."""
+    result = []
+    for r in range(rounds):
+        named = commands(r)
+        names = list(named)
+        pair = {}
+        for name in names if r % 2 == 0 else names[::-1]:
+            seconds, peak = measured(named[name])
+            pair[name] = {"sentences_per_second": round(lines / seconds, 1),
+                          "seconds": round(seconds, 1), "peak_rss_mib": round(peak)}
+        if check is not None:
+            check(r)
+        pair["ratio"] = round(pair[names[0]]["sentences_per_second"]
+                              / pair[names[1]]["sentences_per_second"], 3)
+        result.append(pair)
+        print("round", r, pair, flush=True)
+    return result
+
+
 def beam_rounds(args, flags, small, work, streaming):
     """Sentences/s of the Beam DirectRunner (2 workers) and of streaming
     kt-translate on `small`, alternating; raises if their translations
     differ."""
-    rounds = []
-    for r in range(args.rounds):
-        pair, outputs = {}, {}
+    streamed = os.path.join(work, "s.out")
+
+    def commands(r):
+        return {"beam": beam_direct(args.beam_python, args.saved_model, small,
+                                    os.path.join(work, f"beam{r}"), args.batch_size),
+                "streaming": kt_translate(flags, small, streamed, *streaming)}
+
+    def same_translations(r):
         out_dir = os.path.join(work, f"beam{r}")
-        commands = {"beam": beam_direct(args.beam_python, args.saved_model, small, out_dir,
-                                        args.batch_size),
-                    "streaming": kt_translate(flags, small, os.path.join(work, "s.out"),
-                                              *streaming)}
-        for name in (("beam", "streaming") if r % 2 == 0 else ("streaming", "beam")):
-            seconds, peak = measured(commands[name])
-            pair[name] = {"sentences_per_second": round(args.lines / seconds, 1),
-                          "seconds": round(seconds, 1), "peak_rss_mib": round(peak)}
-        for name, paths in (("beam", sorted(os.path.join(out_dir, f)
-                                            for f in os.listdir(out_dir))),
-                            ("streaming", [os.path.join(work, "s.out")])):
-            outputs[name] = "".join(open(p, encoding="utf-8").read() for p in paths)
-        if outputs["beam"] != outputs["streaming"]:
+        shards = sorted(os.path.join(out_dir, f) for f in os.listdir(out_dir))
+        beam = "".join(open(p, encoding="utf-8").read() for p in shards)
+        if beam != open(streamed, encoding="utf-8").read():
             raise RuntimeError("the Beam pipeline's translations differ from kt-translate's")
-        pair["ratio"] = round(pair["beam"]["sentences_per_second"]
-                              / pair["streaming"]["sentences_per_second"], 3)
-        rounds.append(pair)
-        print("beam round", r, pair, flush=True)
-    return rounds
+
+    return alternating_rounds(args.rounds, commands, args.lines, same_translations)
 
 
 def main(argv=None):
@@ -171,19 +187,10 @@ def main(argv=None):
         document["memory_growth_mib"] = (memory["large"]["peak_rss_mib"]
                                          - memory["small"]["peak_rss_mib"])
     if "throughput" in parts:
-        rounds = []
-        for r in range(args.rounds):
-            pair = {}
-            order = (("streaming", streaming), ("whole", whole))
-            for name, options in order if r % 2 == 0 else order[::-1]:
-                seconds, peak = measured(kt_translate(flags, small, os.path.join(work, "t.out"),
-                                                      *options))
-                pair[name] = {"sentences_per_second": round(args.lines / seconds, 1),
-                              "peak_rss_mib": round(peak)}
-            pair["ratio"] = round(pair["streaming"]["sentences_per_second"]
-                                  / pair["whole"]["sentences_per_second"], 3)
-            rounds.append(pair)
-            print("round", r, pair, flush=True)
+        rounds = alternating_rounds(args.rounds, lambda r: {
+            "streaming": kt_translate(flags, small, os.path.join(work, "t.out"), *streaming),
+            "whole": kt_translate(flags, small, os.path.join(work, "t.out"), *whole)},
+            args.lines)
         document["throughput_rounds"] = rounds
         document["streaming_over_whole_median"] = statistics.median(r["ratio"] for r in rounds)
     if "resume" in parts:
