@@ -111,7 +111,8 @@ def _run_workers(groups, texts, received, timeout):
     """`_run_jobs` of each group of jobs in a process of its own, all at
     once; `received(event)` for each event as it comes."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
-    code = "from benchmarks.serve_load import _export_worker; _export_worker()"
+    # Named from the function itself, so that moving it cannot break the workers.
+    code = f"from {_export_worker.__module__} import _export_worker; _export_worker()"
     workers = []
     for jobs in groups:
         log = tempfile.TemporaryFile()
