@@ -33,6 +33,8 @@ SUBCOMMANDS = {
                                  "scores, latency, sentences/s, size"),
     "corpus": ("corpus", "kt-translate on a big file: memory at N and 10 N lines, "
                          "sentences/s against one window, resume after a kill"),
+    "litert": ("litert", "a LiteRT export against the SavedModel: equality, int8 BLEU, "
+                         "sizes, latency"),
     "serve-work": ("serve_work", "the memory one unit of kt-serve's request work costs "
                                  "on an export"),
     "search-quality": ("search_quality", "beam search vs exhaustive search, and Model Garden's"),

@@ -17,6 +17,7 @@ from keras_transformer.serving.client import RestClient
 from keras_transformer.export.ctranslate2 import export_ctranslate2
 from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
 from keras_transformer.export.engine import SIGNATURES, ExplainingEngine, TranslationEngine
+from keras_transformer.export.litert_translator import LiteRTTranslator
 from keras_transformer.export.saved_model import SavedModelTranslator
 from keras_transformer.export.translator import Translator
 from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
@@ -24,7 +25,8 @@ from test_tokenizer import CORPUS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENGINES = {Translator: ExplainingEngine, SavedModelTranslator: ExplainingEngine,
-           RestClient: ExplainingEngine, CTranslate2Translator: TranslationEngine}
+           RestClient: ExplainingEngine, CTranslate2Translator: TranslationEngine,
+           LiteRTTranslator: TranslationEngine}
 
 
 def contract_mismatches(engine_class, contract):

@@ -25,7 +25,7 @@ def translation_parser(prog, description, ctranslate2=False):
     return parser
 
 
-ENGINES = ("tensorflow", "ctranslate2")
+ENGINES = ("tensorflow", "ctranslate2", "litert")
 
 
 def add_model_arguments(parser, saved_model=True, ctranslate2=False, ensemble=False):
@@ -47,6 +47,10 @@ def add_model_arguments(parser, saved_model=True, ctranslate2=False, ensemble=Fa
                             "that kt-export --format ctranslate2 wrote (needs the "
                             "ctranslate2 package; --alpha is then its length penalty, "
                             "log P / length**alpha)")
+        source.add_argument("--litert-model", metavar="DIR",
+                            help="translate with the LiteRT interpreter from a directory "
+                            "that kt-export --format litert wrote (beam search only; "
+                            "one sentence per interpreter call)")
     parser.add_argument("--checkpoint", help=CHECKPOINT_HELP)
     if ensemble:
         parser.add_argument("--ensemble", metavar="RUN_DIR", action="append", default=[],
@@ -60,8 +64,9 @@ def add_model_arguments(parser, saved_model=True, ctranslate2=False, ensemble=Fa
     group.add_argument("--engine", choices=ENGINES, default=None,
                        help="tensorflow: the Keras model or the SavedModel; ctranslate2: "
                        "CTranslate2's engine, from --ctranslate2-model, or from --run-dir's "
-                       "weights converted as the command starts (default: ctranslate2 with "
-                       "--ctranslate2-model, else tensorflow)")
+                       "weights converted as the command starts; litert: the LiteRT "
+                       "interpreter, from --litert-model (default: the engine of the model "
+                       "flag given, else tensorflow)")
     group.add_argument("--compute-type", default=None,
                        choices=("default", "float32", "int8", "int8_float32"),
                        help="with --engine ctranslate2: the type CTranslate2 computes in "
@@ -69,7 +74,8 @@ def add_model_arguments(parser, saved_model=True, ctranslate2=False, ensemble=Fa
                        "on float32 weights quantizes as it loads)")
     group.add_argument("--threads", type=int, default=None,
                        help="with --engine ctranslate2: CTranslate2's threads for the search "
-                       "(default: its own choice)")
+                       "(default: its own choice); with --engine litert: the interpreter's "
+                       "(default: 1)")
     group.add_argument("--vocabulary-map", choices=("auto", "on", "off"), default=None,
                        help="with --ctranslate2-model: use the export's vocabulary map "
                        "(vmap.txt, kt-export --vocabulary-map): auto (default: if it has "
@@ -157,8 +163,19 @@ def check_engine(parser, args):
     if getattr(args, "ensemble", None) and args.run_dir is None:
         parser.error("--ensemble adds members to --run-dir's model; it needs --run-dir")
     check_search_flags(parser, args)
+    litert_model = getattr(args, "litert_model", None)
     if args.engine is None:
-        args.engine = "ctranslate2" if ctranslate2_model is not None else "tensorflow"
+        args.engine = ("ctranslate2" if ctranslate2_model is not None
+                       else "litert" if litert_model is not None else "tensorflow")
+    if (args.engine == "litert") != (litert_model is not None):
+        parser.error("--litert-model and --engine litert go together")
+    if args.engine == "litert":
+        for name in ("compute_type", "vocabulary_map", "checkpoint", "min_length"):
+            if getattr(args, name) is not None:
+                parser.error(f"--{name.replace('_', '-')} does not apply to --litert-model")
+        if args.threads is not None and args.threads < 1:
+            parser.error(f"--threads must be at least 1, received {args.threads}")
+        return
     if args.engine == "tensorflow":
         if ctranslate2_model is not None:
             parser.error("--ctranslate2-model needs --engine ctranslate2 (the default with it)")
@@ -199,6 +216,10 @@ def open_from_args(args):
     stderr); else as `open_translator` gives it."""
     from keras_transformer.export.saved_model import open_translator
 
+    if getattr(args, "engine", "tensorflow") == "litert":
+        from keras_transformer.export.litert_translator import LiteRTTranslator
+
+        return LiteRTTranslator(args.litert_model, threads=args.threads or 1)
     if getattr(args, "engine", "tensorflow") == "ctranslate2":
         from keras_transformer.export.ctranslate2_translator import (
             CTranslate2Translator,
@@ -231,7 +252,7 @@ def decoding_options(args, translator):
     from keras_transformer.export.saved_model import SavedModelTranslator
 
     search = dict(beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length)
-    if getattr(args, "engine", "tensorflow") == "ctranslate2":
+    if getattr(args, "engine", "tensorflow") in ("ctranslate2", "litert"):
         return search
     if isinstance(translator, SavedModelTranslator):
         return {**search, "jit_compile": args.xla}

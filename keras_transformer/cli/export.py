@@ -33,13 +33,25 @@ weights). --beam-size, --alpha and --extra-length become the directory's
 search defaults; --alpha there is CTranslate2's length penalty
 (log P / length ** alpha).
 
+--format litert writes a LiteRT (TensorFlow Lite) file for phones and edge
+boards, beam search inside (docs/litert.md):
+
+    kt-export --run-dir runs/base --name de_en --format litert \\
+        --quantization dynamic-int8
+    # -> saved_models/de_en_litert/<next version>/  (model.tflite, the
+    #    SentencePiece models, keras_transformer_litert.json)
+    kt-translate --litert-model saved_models/de_en_litert --input test.de
+
+--quantization is float32 (default, the SavedModel's translations) or
+dynamic-int8 (int8 weights).
+
 --checkpoint chooses the weights: auto (the default: averaged/ unless training
 went on after averaging, else the best validated checkpoint in best/, else the
 latest training checkpoint), last, best, averaged, best:K or last:K (average
 the best or last K now into averaged/), or a checkpoint prefix. The command
 prints `Exporting <checkpoint>: <why>` to stderr, and the SavedModel's path
-as the last (only) line of stdout (the CTranslate2 directory's with --format
-ctranslate2).
+as the last (only) line of stdout (the CTranslate2 or LiteRT directory's
+with --format ctranslate2 or litert).
 """
 
 import argparse
@@ -57,11 +69,12 @@ from keras_transformer.cli.common import (
 
 # Example sentences kept from --examples.
 MAX_EXAMPLES = 50
-FORMATS = ("saved_model", "ctranslate2")
+FORMATS = ("saved_model", "ctranslate2", "litert")
 
 
 def build_parser():
     from keras_transformer.export.ctranslate2 import QUANTIZATIONS
+    from keras_transformer.export.litert import QUANTIZATIONS as LITERT_QUANTIZATIONS
 
     parser = argparse.ArgumentParser(
         allow_abbrev=False,
@@ -83,11 +96,14 @@ def build_parser():
     parser.add_argument("--format", choices=FORMATS, default="saved_model",
                         help="saved_model (default): <output-dir>/<name>/<version>/ for TF "
                         "Serving; ctranslate2: a CTranslate2 model directory, "
-                        "<output-dir>/<name>_ct2/ (replaced if present)")
-    parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
-                        help="with --format ctranslate2: the weights' type: float32 "
-                        "(default; the same translations as the model), int8 or "
-                        "int8_float32 (int8 weights, one scale per row; float32 for the rest)")
+                        "<output-dir>/<name>_ct2/<version>/; litert: a LiteRT file for devices, "
+                        "<output-dir>/<name>_litert/<version>/")
+    parser.add_argument("--quantization",
+                        choices=QUANTIZATIONS + LITERT_QUANTIZATIONS[1:], default=None,
+                        help="the weights' type: float32 (default; the same translations as "
+                        "the model); with --format ctranslate2 also int8 or int8_float32 "
+                        "(int8 weights, one scale per row; float32 for the rest); with "
+                        "--format litert also dynamic-int8 (int8 weights)")
     parser.add_argument("--vocabulary-map", action="store_true",
                         help="with --format ctranslate2: also write a vocabulary map "
                         "(vmap.txt) built from co-occurrence in the run's training data, "
@@ -105,12 +121,20 @@ def build_parser():
 def check_arguments(parser, args):
     """`parser.error` (exit status 2, naming the flag) for flags that do not
     apply to the chosen --format."""
+    from keras_transformer.export import ctranslate2, litert
+
+    allowed = {"ctranslate2": ctranslate2.QUANTIZATIONS, "litert": litert.QUANTIZATIONS}
+    if args.format in allowed:
+        if args.quantization not in (None,) + allowed[args.format]:
+            parser.error(f"--quantization {args.quantization} does not apply to --format "
+                         f"{args.format} (choose from {', '.join(allowed[args.format])})")
+        if args.xla_column_blocks != 1:
+            parser.error(f"--xla-column-blocks applies to --format saved_model, not "
+                         f"{args.format}")
+    elif args.quantization is not None:
+        parser.error("--quantization applies to --format ctranslate2 or litert")
     if args.format == "ctranslate2":
         require_ctranslate2(parser)
-        if args.xla_column_blocks != 1:
-            parser.error("--xla-column-blocks applies to --format saved_model, not ctranslate2")
-    elif args.quantization is not None:
-        parser.error("--quantization applies to --format ctranslate2")
     elif args.vocabulary_map:
         parser.error("--vocabulary-map applies to --format ctranslate2")
     if args.xla_column_blocks < 1:
@@ -138,6 +162,20 @@ def training_vocabulary_map(run, source_tokenizer, target_tokenizer):
              for s, t in corpus.pairs("train").as_numpy_iterator())
     return build_vocabulary_map(pairs, lambda text: source.encode(text, out_type=str),
                                 lambda text: target.encode(text, out_type=str))
+
+
+def export_litert_version(translator, output_dir, name, version, quantization):
+    """`export_litert` into `<output_dir>/<name>_litert/<version>/` (the next
+    version when None; an existing one is never rewritten)."""
+    from keras_transformer.export.litert import export_litert
+    from keras_transformer.export.saved_model import versions
+
+    base = os.path.join(output_dir, f"{name}_litert")
+    version = max(versions(base), default=0) + 1 if version is None else version
+    if os.path.exists(os.path.join(base, str(version))):
+        raise ValueError(f"{base}/{version} exists: an exported version is never "
+                         "rewritten; export a new --version.")
+    return export_litert(translator, os.path.join(base, str(version)), quantization)
 
 
 def export(argv=None):
@@ -188,6 +226,11 @@ def export(argv=None):
         extra_length=args.extra_length, xla_column_blocks=args.xla_column_blocks,
         min_length=args.min_length,
     )
+    if args.format == "litert":
+        path = export_litert_version(translator, args.output_dir, name, args.version,
+                                     args.quantization or "float32")
+        print(path)
+        return path
     path = export_translator(translator, args.output_dir, name, args.version,
                              examples=examples)
     print(path)

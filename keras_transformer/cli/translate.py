@@ -119,6 +119,12 @@ def check_arguments(parser, args):
     if args.window < 1:
         parser.error("--window must be at least 1")
     check_engine(parser, args)
+    if args.engine == "litert":
+        for flag, given in (("--n-best", args.n_best is not None),
+                            ("--sampling", args.sampling)):
+            if given:
+                parser.error(f"{flag} does not apply to --litert-model (its file holds beam "
+                             "search only)")
     if args.split_sentences is not None:
         from keras_transformer.sentences import check_language
 

@@ -1,0 +1,128 @@
+"""A LiteRT export against the SavedModel of the same weights: equality,
+BLEU of dynamic-int8 against float32, file sizes, one-sentence latency
+and sentences/s on one thread.
+
+    python -m benchmarks litert --saved-model saved_models/demo \\
+        --litert-model saved_models/demo_litert/1 \\
+        --litert-int8 saved_models/demo_litert/2 \\
+        --ctranslate2-model saved_models/demo_ct2 --sentences 500
+
+The sentences are the built-in corpus's held-out ones (what kt-demo scores
+on). Equality: identical translations counted, and the largest score
+difference among them. Latency: the median of `--singles` one-sentence
+calls per engine, the engines taking turns sentence by sentence so that a
+change in the machine's load falls on all; sentences/s: the same
+sentences one call each (LiteRT takes one per call). The result goes to
+`benchmarks/results/<cpu>_<date>_<commit>_litert.json`.
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+from benchmarks import provenance
+
+
+def directory_bytes(path):
+    return sum(os.path.getsize(os.path.join(root, name))
+               for root, _, names in os.walk(path) for name in names)
+
+
+def held_out(count):
+    from keras_transformer.data.synthetic import generate_corpus
+
+    sources, targets = generate_corpus()["test"]
+    return sources[:count], targets[:count]
+
+
+def equality(reference, other):
+    """`{identical, of, max_score_diff}`: translations compared one by one;
+    scores of the identical ones."""
+    same = [i for i, (a, b) in enumerate(zip(reference[0], other[0])) if a == b]
+    diff = max((abs(reference[1][i] - other[1][i]) for i in same), default=0.0)
+    return {"identical": len(same), "of": len(reference[0]), "max_score_diff": diff}
+
+
+def latencies(engines, sentences):
+    """`{name: [seconds per one-sentence call]}`, the engines taking turns."""
+    times = {name: [] for name in engines}
+    for i, sentence in enumerate(sentences):
+        names = list(engines)
+        names = names[i % len(names):] + names[:i % len(names)]
+        for name in names:
+            start = time.perf_counter()
+            engines[name]([sentence])
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks litert",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--saved-model", required=True)
+    parser.add_argument("--litert-model", required=True, help="the float32 export")
+    parser.add_argument("--litert-int8", help="the dynamic-int8 export")
+    parser.add_argument("--ctranslate2-model", help="an int8 CTranslate2 export, for latency")
+    parser.add_argument("--sentences", type=int, default=500)
+    parser.add_argument("--singles", type=int, default=100,
+                        help="one-sentence calls per engine for the latency")
+    parser.add_argument("--json", help="the result file (default: benchmarks/results/...)")
+    args = parser.parse_args(argv)
+
+    from keras_transformer.evaluation import score_translations
+    from keras_transformer.export import load_translator
+    from keras_transformer.export.litert_translator import LiteRTTranslator
+
+    fields = provenance.record()
+    sources, references = held_out(args.sentences)
+    saved = load_translator(args.saved_model)
+    engines = {"saved_model": lambda batch: saved.translate(batch, jit_compile=False),
+               "litert_float32": LiteRTTranslator(args.litert_model).translate}
+    sizes = {"saved_model": directory_bytes(saved.path),
+             "litert_float32": os.path.getsize(os.path.join(args.litert_model, "model.tflite"))}
+    if args.litert_int8:
+        engines["litert_dynamic_int8"] = LiteRTTranslator(args.litert_int8).translate
+        sizes["litert_dynamic_int8"] = os.path.getsize(
+            os.path.join(args.litert_int8, "model.tflite"))
+    if args.ctranslate2_model:
+        from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
+
+        ct2 = CTranslate2Translator(args.ctranslate2_model, intra_threads=1)
+        engines["ctranslate2"] = ct2.translate
+        sizes["ctranslate2"] = directory_bytes(ct2.model_dir)
+
+    outputs, seconds = {}, {}
+    for name, translate in engines.items():
+        start = time.perf_counter()
+        if name.startswith("litert"):
+            outputs[name] = translate(sources)
+        else:  # one sentence per call, as LiteRT
+            pairs = [translate([s]) for s in sources]
+            outputs[name] = ([p[0][0] for p in pairs], [p[1][0] for p in pairs])
+        seconds[name] = time.perf_counter() - start
+        print(f"{name}: {len(sources) / seconds[name]:.1f} sentences/s", flush=True)
+    document = {**fields, "kind": "litert", "sentences": len(sources),
+                "sizes_bytes": sizes,
+                "sentences_per_second_one_per_call": {
+                    name: len(sources) / s for name, s in seconds.items()},
+                "equality_with_saved_model": {
+                    name: equality(outputs["saved_model"], out)
+                    for name, out in outputs.items() if name != "saved_model"},
+                "bleu": {name: score_translations(out[0], references)["bleu"]
+                         for name, out in outputs.items()}}
+    if args.litert_int8:
+        document["bleu_int8_against_float32"] = score_translations(
+            outputs["litert_dynamic_int8"][0], outputs["litert_float32"][0])["bleu"]
+    times = latencies(engines, sources[:args.singles])
+    document["latency_p50_ms_one_sentence"] = {
+        name: statistics.median(t) * 1e3 for name, t in times.items()}
+    for key in ("equality_with_saved_model", "bleu", "latency_p50_ms_one_sentence",
+                "sizes_bytes"):
+        print(key, document[key], flush=True)
+    provenance.write_result(document, fields, "litert", args.json)
+    return document
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""The LiteRT export (keras_transformer/export/litert.py) and its engine
+(export/litert_translator.py): a tiny random translator exported once
+with a unigram vocabulary (tokenized inside the file) and once with a BPE
+one (tokenized by the caller), each run through the LiteRT interpreter and
+compared with the in-process `Translator`, whose serving functions are the
+SavedModel's."""
+
+import doctest
+import json
+import os
+
+import numpy as np
+import pytest
+
+from keras_transformer.data.synthetic import generate_corpus
+from keras_transformer.export import litert, litert_translator
+from keras_transformer.export.engine import SERVING_DEFAULT, TRANSLATE_WITH_OPTIONS
+from keras_transformer.export.litert_translator import LiteRTTranslator
+
+# Input rules the SavedModel has: blank lines, invalid UTF-8, characters
+# outside the vocabulary (byte fallback), a source over max_length pieces.
+EDGE_CASES = ["", "   ", "\t", "Ünïcödé wörds 😀", b"a cat \xff\xfe sits",
+              "the old man " * 30, "UPPER case AND digits 12345"]
+# Scores are float32 sums over the same ops in another runtime.
+SCORE_TOLERANCE = 1e-4
+
+
+def held_out(count):
+    return generate_corpus(num_train=10, num_val=10, num_test=count)["test"][0]
+
+
+SENTENCES = held_out(60) + EDGE_CASES
+OPTIONS = {"default": {}, "options": dict(beam_size=1, alpha=1.0, extra_length=2),
+           # extra_length beyond max_length is clamped, as the SavedModel clamps it.
+           "clamped": dict(beam_size=2, extra_length=10_000)}
+
+
+def expected_translations(translator):
+    """The in-process translations of `SENTENCES` under each of `OPTIONS`,
+    taken at once: the suite's per-test seeding destroys eager
+    tensorflow-text resources, so a module fixture's translator translates
+    only in its own setup."""
+    return {name: translator.translate(SENTENCES, **options)
+            for name, options in OPTIONS.items()}
+
+
+@pytest.fixture(scope="module")
+def unigram(tmp_path_factory):
+    """Runs `export_litert`'s docstring Example (a unigram vocabulary) in a
+    scratch directory and keeps what it made: `{"translator", "path"}`."""
+    examples = doctest.DocTestFinder().find(litert.export_litert)
+    runner = doctest.DocTestRunner()
+    cwd = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("example"))
+    try:
+        for test in examples:
+            runner.run(test, clear_globs=False)
+    finally:
+        os.chdir(cwd)
+    assert runner.failures == 0, "export_litert's Example failed (see the output above)"
+    globs = examples[0].globs
+    return {**globs, "expected": expected_translations(globs["translator"])}
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory):
+    import keras
+
+    import keras_transformer as kt
+    from keras_transformer.export import Translator
+    from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
+
+    keras.utils.set_random_seed(3)
+    sources, targets = generate_corpus(num_train=200, num_val=0, num_test=0)["train"]
+    tokenizer = SubwordTokenizer(train_sentencepiece(sources + targets, vocab_size=400,
+                                                     model_type="bpe"))
+    model = kt.Transformer(kt.get_config("tiny", vocab_size=tokenizer.vocab_size,
+                                         max_length=16))
+    model.build()
+    translator = Translator(model, tokenizer, beam_size=3, extra_length=4)
+    path = litert.export_litert(translator, str(tmp_path_factory.mktemp("bpe") / "m" / "1"))
+    return {"translator": translator, "path": path,
+            "expected": expected_translations(translator)}
+
+
+def assert_same(expected, found, sentences):
+    mismatched = [(s, e, f) for s, e, f in zip(sentences, expected[0], found[0]) if e != f]
+    assert mismatched == []
+    assert np.allclose(found[1], expected[1], rtol=0, atol=SCORE_TOLERANCE)
+
+
+def test_unigram_export_tokenizes_inside_and_equals_the_savedmodel(unigram):
+    metadata = litert_translator.read_metadata(unigram["path"])
+    assert metadata["tokenization"] == "in_model"
+    found = LiteRTTranslator(unigram["path"]).translate(SENTENCES)
+    assert_same(unigram["expected"]["default"], found, SENTENCES)
+    blank = [SENTENCES.index(s) for s in ("", "   ", "\t")]
+    assert [found[0][i] for i in blank] == ["", "", ""]
+    assert [found[1][i] for i in blank] == [0.0, 0.0, 0.0]
+
+
+def test_bpe_export_leaves_tokenization_to_the_caller_and_equals_the_savedmodel(bpe):
+    metadata = litert_translator.read_metadata(bpe["path"])
+    assert metadata["tokenization"] == "caller"
+    assert "bpe" in metadata["tokenization_why"]
+    assert_same(bpe["expected"]["default"], LiteRTTranslator(bpe["path"]).translate(SENTENCES),
+                SENTENCES)
+
+
+@pytest.mark.parametrize("name", ["options", "clamped"])
+def test_options_go_through_translate_with_options(unigram, name):
+    found = LiteRTTranslator(unigram["path"]).translate(SENTENCES, **OPTIONS[name])
+    assert_same(unigram["expected"][name], found, SENTENCES)
+
+
+@pytest.mark.parametrize("options", [{"beam_size": 0}, {"alpha": float("nan")},
+                                     {"extra_length": -1}, {"beam_size": 10_000}])
+def test_bad_options_are_refused_with_the_savedmodel_s_words(unigram, options):
+    with pytest.raises(ValueError) as expected:
+        unigram["translator"].translate(["a cat"], **options)
+    with pytest.raises(ValueError) as found:
+        LiteRTTranslator(unigram["path"]).translate(["a cat"], **options)
+    assert str(found.value) == str(expected.value)
+
+
+def test_signatures_have_the_savedmodel_s_names_and_dtypes(unigram):
+    module = unigram["translator"]
+    interpreter = litert_translator.make_interpreter(
+        os.path.join(unigram["path"], litert_translator.MODEL_FILE))
+    listed = interpreter.get_signature_list()
+    assert set(listed) == {SERVING_DEFAULT, TRANSLATE_WITH_OPTIONS}
+    saved = {SERVING_DEFAULT: module.signature_serving_default,
+             TRANSLATE_WITH_OPTIONS: module.signature_translate_with_options}
+    for name, function in saved.items():
+        runner = interpreter.get_signature_runner(name)
+        inputs = {key: np.dtype(detail["dtype"]).name
+                  for key, detail in runner.get_input_details().items()}
+        outputs = {key: np.dtype(detail["dtype"]).name
+                   for key, detail in runner.get_output_details().items()}
+        concrete = function.get_concrete_function()
+        assert inputs == {spec.name: _name(spec.dtype)
+                          for spec in concrete.structured_input_signature[0]}
+        assert outputs == {key: _name(spec.dtype)
+                           for key, spec in concrete.structured_outputs.items()}
+
+
+def _name(dtype):
+    return "bytes" if dtype.name == "string" else dtype.name  # LiteRT: numpy.bytes_
+
+
+def test_only_builtin_and_tensorflow_text_ops(unigram):
+    ops = litert_translator.read_metadata(unigram["path"])["ops"]
+    assert "WHILE" in ops and "TOPK_V2" in ops  # the beam search is inside
+    custom = {name for name in ops if not name.replace("_", "").isalnum()
+              or not name.isupper()}
+    assert custom == set(litert.LITERT_CUSTOM_OPS)
+
+
+def test_the_export_is_refused_when_an_op_is_not_builtin(unigram, tmp_path, monkeypatch):
+    real = litert.op_counts
+    monkeypatch.setattr(litert, "op_counts", lambda data: {**real(data), "FlexStringSplit": 1})
+    target = tmp_path / "m"
+    with pytest.raises(ValueError, match="FlexStringSplit"):
+        litert.export_litert(unigram["translator"], str(target))
+    assert not target.exists() and os.listdir(tmp_path) == []
+
+
+def test_unknown_quantization_is_refused_before_any_work(unigram, tmp_path):
+    with pytest.raises(ValueError, match="dynamic-int8"):
+        litert.export_litert(unigram["translator"], str(tmp_path / "m"), quantization="int4")
+
+
+def test_metadata_and_layout(unigram):
+    path = unigram["path"]
+    assert sorted(os.listdir(path)) == sorted([litert_translator.MODEL_FILE,
+                                               litert_translator.METADATA_FILE,
+                                               litert.SOURCE_VOCABULARY,
+                                               litert.TARGET_VOCABULARY])
+    with open(os.path.join(path, litert_translator.METADATA_FILE)) as f:
+        metadata = json.load(f)
+    translator = unigram["translator"]
+    assert metadata["defaults"] == {"beam_size": translator.beam_size,
+                                    "alpha": translator.alpha,
+                                    "extra_length": translator.extra_length}
+    assert metadata["min_length"] == translator.min_length
+    assert metadata["max_source_tokens"] == translator.config.max_length - 1
+    assert metadata["batch_size"] == 1 and metadata["quantization"] == "float32"
+    assert LiteRTTranslator(os.path.dirname(path)).path == path  # newest version
+
+
+def test_engine_example_runs(unigram):
+    globs = {"litert_dir": unigram["path"]}
+    result = doctest.testmod(litert_translator, extraglobs=globs, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_nbest_and_sampling_say_which_engine_has_them(unigram):
+    engine = LiteRTTranslator(unigram["path"])
+    with pytest.raises(ValueError, match="SavedModel or CTranslate2"):
+        engine.translate_nbest(["a cat"], 2)
+    with pytest.raises(ValueError, match="SavedModel or CTranslate2"):
+        engine.sample(["a cat"])
+
+
+def test_kt_translate_with_litert_model(unigram, tmp_path):
+    from keras_transformer.cli.translate import translate
+
+    sentences = held_out(8) + ["", "a dog"]
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    found = translate(["--litert-model", os.path.dirname(unigram["path"]), "--input",
+                       str(source), "--output", str(out), "--quiet"])
+    expected = LiteRTTranslator(unigram["path"]).translate(sentences)
+    assert found[0] == expected[0]
+    assert out.read_text(encoding="utf-8").splitlines() == expected[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--n-best", "2"], "--n-best does not apply to --litert-model"),
+    (["--sampling"], "--sampling does not apply to --litert-model"),
+    (["--engine", "ctranslate2"], "--litert-model and --engine litert go together"),
+    (["--compute-type", "int8"], "--compute-type does not apply to --litert-model"),
+    (["--threads", "0"], "--threads must be at least 1"),
+])
+def test_kt_translate_refuses_what_litert_cannot_do(argv, message, tmp_path, capsys):
+    from keras_transformer.cli.translate import translate
+
+    with pytest.raises(SystemExit) as exit_:
+        translate(["--litert-model", str(tmp_path)] + argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--format", "litert", "--quantization", "int8"],
+     "--quantization int8 does not apply to --format litert"),
+    (["--format", "ctranslate2", "--quantization", "dynamic-int8"],
+     "--quantization dynamic-int8 does not apply to --format ctranslate2"),
+    (["--format", "litert", "--xla-column-blocks", "2"],
+     "--xla-column-blocks applies to --format saved_model, not litert"),
+    (["--format", "litert", "--vocabulary-map"],
+     "--vocabulary-map applies to --format ctranslate2"),
+])
+def test_kt_export_checks_flags_per_format(argv, message, tmp_path, capsys):
+    pytest.importorskip("ctranslate2")
+    from keras_transformer.cli.export import export
+
+    with pytest.raises(SystemExit) as exit_:
+        export(["--run-dir", str(tmp_path)] + argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_missing_export_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="kt-export --format litert"):
+        LiteRTTranslator(str(tmp_path))
