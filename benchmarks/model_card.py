@@ -1,4 +1,4 @@
-"""The figures of a shipped model's card, for both engines: scores on the
+"""The figures of a shipped model's card, for each engine: scores on the
 Multi30k validation and test_2016_flickr splits (sacreBLEU with its
 signature, chrF, and the Multi30k papers' tokenized BLEU), one-sentence
 latency and sentences/s on one thread, the size in parameters and on disk.
@@ -15,9 +15,14 @@ the first `--throughput-sentences` validation sentences in batches of
 figure is the median over rounds. TensorFlow and CTranslate2 run on one
 thread each (`--threads`).
 
-Writes `benchmarks/results/<cpu>_<date>_<commit>_model-card.json`; the
-model card's figures are read from that file (tests/test_shipped_model.py
-checks them against it).
+`--litert-model DIR --engines litert` measures a LiteRT export of the
+same model alone (`kt-export --saved-model ... --format litert`), and
+counts, per split, its translations identical to the SavedModel's.
+
+Writes `benchmarks/results/<cpu>_<date>_<commit>_model-card.json` (with
+`--engines litert`, `..._model-card-litert.json`); the model card's figures
+are read from those files (tests/test_shipped_model.py checks them against
+them).
 """
 
 import argparse
@@ -50,8 +55,11 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m benchmarks model-card",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--saved-model", required=True, help="the SavedModel's base path")
-    parser.add_argument("--ctranslate2-model", required=True,
-                        help="the CTranslate2 export's base path")
+    parser.add_argument("--ctranslate2-model", help="the CTranslate2 export's base path")
+    parser.add_argument("--litert-model", help="a LiteRT export's directory")
+    parser.add_argument("--engines", default="savedmodel,ctranslate2",
+                        help="which engines to measure, of savedmodel, ctranslate2 and "
+                        "litert (default: %(default)s)")
     parser.add_argument("--data", required=True,
                         help="the Multi30k directory (val and test_2016_flickr .en/.de)")
     parser.add_argument("--batch-size", type=int, default=32)
@@ -82,20 +90,35 @@ def main(argv=None):
     from keras_transformer.export.saved_model import resolve_version
 
     saved_model_path = resolve_version(args.saved_model)
-    engines = {"savedmodel": kt.load_saved_model(saved_model_path),
-               "ctranslate2": CTranslate2Translator(args.ctranslate2_model,
-                                                    intra_threads=args.threads)}
-    document = {**provenance.record(), "kind": "model-card", "threads": args.threads,
+    saved_model = kt.load_saved_model(saved_model_path)
+    opened = {"savedmodel": lambda: saved_model,
+              "ctranslate2": lambda: CTranslate2Translator(args.ctranslate2_model,
+                                                           intra_threads=args.threads),
+              "litert": lambda: litert_engine(args.litert_model, args.threads)}
+    paths = {"savedmodel": args.saved_model, "ctranslate2": args.ctranslate2_model,
+             "litert": args.litert_model}
+    names = args.engines.split(",")
+    engines = {name: opened[name]() for name in names}
+    kind = "model-card" if names != ["litert"] else "model-card-litert"
+    document = {**provenance.record(), "kind": kind, "threads": args.threads,
                 "saved_model": saved_model_path,
-                "sizes_bytes": {"savedmodel": directory_bytes(args.saved_model),
-                                "ctranslate2": directory_bytes(args.ctranslate2_model)},
+                "sizes_bytes": {name: directory_bytes(paths[name]) for name in names},
                 "parameters": count_parameters(saved_model_path),
                 "scores": {}, "speed": {}}
     for split in SPLITS:
         sources, references = (read_lines(args.data, split, "en"),
                                read_lines(args.data, split, "de"))
+        reference_translations = None
         for name, engine in engines.items():
             hypotheses = batched(engine.translate, sources, args.batch_size)
+            if name == "litert":
+                if reference_translations is None:
+                    reference_translations = batched(saved_model.translate, sources,
+                                                     args.batch_size)
+                document.setdefault("identical_to_savedmodel", {})[split] = sum(
+                    a == b for a, b in zip(hypotheses, reference_translations))
+            elif name == "savedmodel":
+                reference_translations = hypotheses
             scores = score_translations(hypotheses, references, tokenized_bleu_lang="de")
             document["scores"].setdefault(name, {})[split] = {
                 key: (round(value, 2) if isinstance(value, float) else value)
@@ -127,7 +150,13 @@ def main(argv=None):
         document["speed"][name] = {key: round(statistics.median(v), 1)
                                    for key, v in values.items()}
         print(name, document["speed"][name], flush=True)
-    provenance.write_result(document, document, "model-card", args.json)
+    provenance.write_result(document, document, kind, args.json)
+
+
+def litert_engine(path, threads):
+    from keras_transformer.export.litert_translator import LiteRTTranslator
+
+    return LiteRTTranslator(path, threads=threads)
 
 
 def count_parameters(saved_model_path):

@@ -64,10 +64,14 @@ def unigram(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory):
+    """A BPE translator exported as a SavedModel, then as LiteRT by
+    `kt-export --saved-model ... --format litert` (the translator rebuilt
+    from the SavedModel)."""
     import keras
 
     import keras_transformer as kt
-    from keras_transformer.export import Translator
+    from keras_transformer.cli.export import export
+    from keras_transformer.export import Translator, export_translator
     from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
 
     keras.utils.set_random_seed(3)
@@ -78,9 +82,13 @@ def bpe(tmp_path_factory):
                                          max_length=16))
     model.build()
     translator = Translator(model, tokenizer, beam_size=3, extra_length=4)
-    path = litert.export_litert(translator, str(tmp_path_factory.mktemp("bpe") / "m" / "1"))
-    return {"translator": translator, "path": path,
-            "expected": expected_translations(translator)}
+    directory = tmp_path_factory.mktemp("bpe")
+    saved = export_translator(translator, str(directory / "saved"), name="m")
+    expected = expected_translations(translator)
+    path = export(["--saved-model", os.path.dirname(saved), "--format", "litert",
+                   "--output-dir", str(directory / "litert")])
+    return {"translator": translator, "saved_model": saved, "path": path,
+            "expected": expected}
 
 
 def assert_same(expected, found, sentences):
@@ -105,6 +113,37 @@ def test_bpe_export_leaves_tokenization_to_the_caller_and_equals_the_savedmodel(
     assert "bpe" in metadata["tokenization_why"]
     assert_same(bpe["expected"]["default"], LiteRTTranslator(bpe["path"]).translate(SENTENCES),
                 SENTENCES)
+
+
+def test_kt_export_names_and_versions_a_litert_export_of_a_savedmodel(bpe):
+    assert bpe["path"].endswith(os.path.join("litert", "m_litert", "1"))
+    assert litert_translator.read_metadata(bpe["path"])["defaults"] == {
+        "beam_size": 3, "alpha": bpe["translator"].alpha, "extra_length": 4}
+
+
+def test_a_translator_rebuilt_from_its_savedmodel_translates_as_it(bpe):
+    from keras_transformer.export.loading import translator_from_saved_model
+
+    rebuilt = translator_from_saved_model(bpe["saved_model"])
+    assert rebuilt.config == bpe["translator"].config
+    found = rebuilt.translate(SENTENCES)
+    assert found[0] == bpe["expected"]["default"][0]
+    assert np.array_equal(found[1], bpe["expected"]["default"][1])
+
+
+def test_a_savedmodel_whose_weights_do_not_fit_its_config_is_refused(bpe, tmp_path):
+    import shutil
+
+    from keras_transformer.export.loading import translator_from_saved_model
+
+    copy = tmp_path / "1"
+    shutil.copytree(bpe["saved_model"], copy)
+    metadata = copy / "assets.extra" / "translator.json"
+    document = json.loads(metadata.read_text())
+    document["config"]["num_layers"] += 1
+    metadata.write_text(json.dumps(document))
+    with pytest.raises(ValueError, match="do not match the model its config builds"):
+        translator_from_saved_model(str(copy))
 
 
 @pytest.mark.parametrize("name", ["options", "clamped"])
@@ -174,8 +213,7 @@ def test_metadata_and_layout(unigram):
     path = unigram["path"]
     assert sorted(os.listdir(path)) == sorted([litert_translator.MODEL_FILE,
                                                litert_translator.METADATA_FILE,
-                                               litert.SOURCE_VOCABULARY,
-                                               litert.TARGET_VOCABULARY])
+                                               litert.SHARED_VOCABULARY])
     with open(os.path.join(path, litert_translator.METADATA_FILE)) as f:
         metadata = json.load(f)
     translator = unigram["translator"]
@@ -185,6 +223,7 @@ def test_metadata_and_layout(unigram):
     assert metadata["min_length"] == translator.min_length
     assert metadata["max_source_tokens"] == translator.config.max_length - 1
     assert metadata["batch_size"] == 1 and metadata["quantization"] == "float32"
+    assert metadata["source_vocabulary"] == metadata["target_vocabulary"] == "shared.spm"
     assert LiteRTTranslator(os.path.dirname(path)).path == path  # newest version
 
 
@@ -241,13 +280,15 @@ def test_kt_translate_refuses_what_litert_cannot_do(argv, message, tmp_path, cap
      "--xla-column-blocks applies to --format saved_model, not litert"),
     (["--format", "litert", "--vocabulary-map"],
      "--vocabulary-map applies to --format ctranslate2"),
+    (["--format", "saved_model", "--saved-model", "x"], "--saved-model applies to --format litert"),
 ])
 def test_kt_export_checks_flags_per_format(argv, message, tmp_path, capsys):
     pytest.importorskip("ctranslate2")
     from keras_transformer.cli.export import export
 
+    source = [] if "--saved-model" in argv else ["--run-dir", str(tmp_path)]
     with pytest.raises(SystemExit) as exit_:
-        export(["--run-dir", str(tmp_path)] + argv)
+        export(source + argv)
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
 

@@ -1,9 +1,10 @@
-"""The English->German Multi30k model shipped in saved_models/: both exports
-load (the SavedModel in plain TensorFlow with tensorflow-text, the
-CTranslate2 directory through its engine), translate fixed captions into
-German, and the model card states what its results file measured. Where
+"""The English->German Multi30k model shipped in saved_models/: its three
+exports load (the SavedModel in plain TensorFlow with tensorflow-text, the
+CTranslate2 directory through its engine, the LiteRT file through the
+LiteRT interpreter), translate fixed captions into German, and the model
+card states what its results files measured. Where
 ../shared/data/multi30k is present, `-m slow` scores test_2016_flickr with
-both engines against the card."""
+each engine against the card."""
 
 import json
 import os
@@ -15,6 +16,7 @@ from support.processes import ROOT
 
 SAVED_MODEL = os.path.join(ROOT, "saved_models", "multi30k_en_de")
 CTRANSLATE2 = os.path.join(ROOT, "saved_models", "multi30k_en_de_ct2")
+LITERT = os.path.join(ROOT, "saved_models", "multi30k_en_de_litert")
 CARD = os.path.join(SAVED_MODEL, "README.md")
 DATA = os.path.join(ROOT, "..", "shared", "data", "multi30k")
 SENTENCES = ["A man is riding a bicycle down the street.",
@@ -45,12 +47,12 @@ def assert_german(translations):
         assert german >= max(2, len(tokens) // 3) and english <= 1, (source, translation)
 
 
-def card_results():
-    """The results file the model card names, loaded."""
+def card_results(kind="model-card"):
+    """The results file of `kind` the model card names, loaded."""
     with open(CARD, encoding="utf-8") as f:
         card = f.read()
-    match = re.search(r"benchmarks/results/([\w.-]+_model-card\.json)", card)
-    assert match, "the model card names no benchmarks/results/*_model-card.json"
+    match = re.search(r"benchmarks/results/([\w.-]+_" + kind + r"\.json)", card)
+    assert match, f"the model card names no benchmarks/results/*_{kind}.json"
     with open(os.path.join(ROOT, "benchmarks", "results", match.group(1)),
               encoding="utf-8") as f:
         return card, json.load(f)
@@ -73,6 +75,27 @@ def test_the_ctranslate2_export_loads_in_its_engine_and_translates_to_german():
     assert_german(translations)
 
 
+def test_the_litert_export_tokenizes_searches_and_detokenizes_inside_in_german():
+    from keras_transformer.export.litert_translator import LiteRTTranslator, read_metadata
+
+    assert read_metadata(LITERT)["tokenization"] == "in_model"
+    translations, _ = LiteRTTranslator(LITERT).translate(SENTENCES)
+    assert_german(translations)
+
+
+def test_the_card_states_what_the_litert_results_file_measured():
+    card, results = card_results("model-card-litert")
+    scores = results["scores"]["litert"]
+    for split in ("val", "test_2016_flickr"):
+        for key in ("bleu", "chrf", "tokenized_bleu"):
+            assert f"{scores[split][key]:.2f}" in card, (split, key)
+        assert f"{results['identical_to_savedmodel'][split]:,}" in card, split
+    speed = results["speed"]["litert"]
+    assert f"{speed['p50_ms']:g}" in card and f"{speed['sentences_per_second']:g}" in card
+    assert f"{results['sizes_bytes']['litert']:,}" in card
+    assert results["commit"].split("+")[0] in card
+
+
 def test_the_card_states_what_its_results_file_measured():
     card, results = card_results()
     for engine in ("savedmodel", "ctranslate2"):
@@ -93,7 +116,7 @@ def test_the_card_states_what_its_results_file_measured():
 
 @pytest.mark.slow
 @pytest.mark.multi30k
-@pytest.mark.parametrize("engine", ["savedmodel", "ctranslate2"])
+@pytest.mark.parametrize("engine", ["savedmodel", "ctranslate2", "litert"])
 def test_test_2016_flickr_scores_as_the_card_says(engine):
     if not os.path.isdir(DATA):
         pytest.skip(f"{DATA} is absent")
@@ -106,13 +129,17 @@ def test_test_2016_flickr_scores_as_the_card_says(engine):
         from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
 
         translator = CTranslate2Translator(CTRANSLATE2)
+    elif engine == "litert":
+        from keras_transformer.export.litert_translator import LiteRTTranslator
+
+        translator = LiteRTTranslator(LITERT)
     else:
         translator = kt.load_saved_model(SAVED_MODEL)
     sources = read_lines(DATA, "test_2016_flickr", "en")
     references = read_lines(DATA, "test_2016_flickr", "de")
     hypotheses = batched(translator.translate, sources, 32)
     scores = score_translations(hypotheses, references, tokenized_bleu_lang="de")
-    _, results = card_results()
+    _, results = card_results("model-card-litert" if engine == "litert" else "model-card")
     expected = results["scores"][engine]["test_2016_flickr"]
     assert abs(scores["tokenized_bleu"] - expected["tokenized_bleu"]) <= 0.5, scores
     assert abs(scores["bleu"] - expected["bleu"]) <= 0.5, scores

@@ -44,6 +44,9 @@ boards, beam search inside (docs/litert.md):
 
 --quantization is float32 (default, the SavedModel's translations) or
 dynamic-int8 (int8 weights).
+--saved-model saved_models/de_en (instead of --run-dir) rebuilds the
+translator from a SavedModel this package exported, its search defaults
+included, when the run directory is gone (--format litert only).
 
 --checkpoint chooses the weights: auto (the default: averaged/ unless training
 went on after averaging, else the best validated checkpoint in best/, else the
@@ -81,7 +84,7 @@ def build_parser():
         prog="kt-export", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_model_arguments(parser, saved_model=False)
+    add_model_arguments(parser)
     add_decoding_arguments(parser, xla=False)
     parser.add_argument("--name", help="model name, the <name> in saved_models/<name>/ "
                         "(default: the run directory's name)")
@@ -137,6 +140,13 @@ def check_arguments(parser, args):
         require_ctranslate2(parser)
     elif args.vocabulary_map:
         parser.error("--vocabulary-map applies to --format ctranslate2")
+    if args.saved_model is not None:
+        if args.format != "litert":
+            parser.error("--saved-model applies to --format litert (rebuilt from the "
+                         "SavedModel's weights and vocabulary); export other formats from "
+                         "--run-dir")
+        if args.checkpoint is not None:
+            parser.error("--checkpoint applies to --run-dir, not --saved-model")
     if args.xla_column_blocks < 1:
         parser.error(f"--xla-column-blocks must be at least 1, received {args.xla_column_blocks}")
 
@@ -178,6 +188,25 @@ def export_litert_version(translator, output_dir, name, version, quantization):
     return export_litert(translator, os.path.join(base, str(version)), quantization)
 
 
+def _export_saved_model(parser, args):
+    """--format litert from --saved-model: the translator rebuilt from the
+    export (its search defaults, unless a search flag is given)."""
+    from keras_transformer.export.loading import translator_from_saved_model
+    from keras_transformer.export.saved_model import resolve_version
+
+    path = resolve_version(args.saved_model)
+    given = {name: getattr(args, name) for name in ("beam_size", "alpha", "extra_length",
+                                                     "min_length")
+             if getattr(args, name) != parser.get_default(name)}
+    print(f"Exporting {path}", file=sys.stderr, flush=True)
+    translator = translator_from_saved_model(path, **given)
+    name = args.name or os.path.basename(os.path.dirname(os.path.abspath(path)))
+    path = export_litert_version(translator, args.output_dir, name, args.version,
+                                 args.quantization or "float32")
+    print(path)
+    return path
+
+
 def export(argv=None):
     """kt-export as a function: prints the SavedModel's path (with --format
     ctranslate2, the CTranslate2 directory's).
@@ -191,6 +220,8 @@ def export(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     check_arguments(parser, args)
+    if args.saved_model is not None:
+        return _export_saved_model(parser, args)
     run = RunDirectory(args.run_dir)
     # Resolved once: "best:K" / "last:K" average here, then read "averaged".
     prefix, reason = run.resolve_checkpoint(averaged_if_asked(run, args.checkpoint))

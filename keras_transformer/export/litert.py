@@ -5,7 +5,8 @@ Layout of an export directory (`kt-export --format litert` writes it as
 `<output-dir>/<name>_litert/<version>/`)::
 
     model.tflite                    the translator (signatures below)
-    source.spm, target.spm          the SentencePiece models
+    shared.spm                      the SentencePiece model (source.spm and
+                                    target.spm when the vocabularies differ)
     keras_transformer_litert.json   what was exported (`read_litert_metadata`)
 
 The file has two signatures, named as the SavedModel's and answering the
@@ -20,7 +21,7 @@ float32. What differs, and why:
   tensorflow-text's LiteRT tokenizer cannot segment a BPE vocabulary (kt-demo
   trains one), so for BPE the first input is `source_ids` `[1, len]` int32
   (the source's pieces, no eos, as the SavedModel's `translate_ids` takes
-  them), the caller tokenizes with `source.spm`, and the file still
+  them), the caller tokenizes with the SentencePiece model, and the file still
   detokenizes. `LiteRTTranslator` does either; the metadata's
   `tokenization` says which ("in_model" or "caller").
 - **One sentence per call.** tensorflow-text's LiteRT detokenizer keeps its
@@ -66,6 +67,7 @@ from keras_transformer.files import fsync_directory, replace_directory
 QUANTIZATIONS = ("float32", "dynamic-int8")
 SOURCE_VOCABULARY = "source.spm"
 TARGET_VOCABULARY = "target.spm"
+SHARED_VOCABULARY = "shared.spm"  # when source and target share one
 # The only ops that may be neither LiteRT built-ins nor refused.
 LITERT_CUSTOM_OPS = ("TFText>FastSentencepieceTokenize", "TFText>FastSentencepieceDetokenize")
 SIGNATURES = (SERVING_DEFAULT, TRANSLATE_WITH_OPTIONS)
@@ -247,10 +249,10 @@ def export_litert(translator, output_dir, quantization="float32"):
         os.makedirs(new)
         with open(os.path.join(new, MODEL_FILE), "wb") as f:
             f.write(tflite)
-        for name, tokenizer in ((SOURCE_VOCABULARY, translator.tokenizer),
-                                (TARGET_VOCABULARY, translator.target_tokenizer)):
+        vocabularies = _vocabulary_files(translator)
+        for name, proto in vocabularies.items():
             with open(os.path.join(new, name), "wb") as f:
-                f.write(tokenizer.model_proto)
+                f.write(proto)
         metadata = _metadata(translator, in_model, why, quantization, ops, len(tflite))
         with open(os.path.join(new, METADATA_FILE), "w") as f:
             json.dump(metadata, f, indent=1)
@@ -264,6 +266,16 @@ def export_litert(translator, output_dir, quantization="float32"):
     return output_dir
 
 
+def _vocabulary_files(translator):
+    """`{file name: SentencePiece model}`: `SHARED_VOCABULARY` alone when
+    source and target share it, else `SOURCE_VOCABULARY` and
+    `TARGET_VOCABULARY`."""
+    source, target = translator.tokenizer, translator.target_tokenizer
+    if source.model_proto == target.model_proto:
+        return {SHARED_VOCABULARY: source.model_proto}
+    return {SOURCE_VOCABULARY: source.model_proto, TARGET_VOCABULARY: target.model_proto}
+
+
 def _metadata(translator, in_model, why, quantization, ops, size):
     config = translator.config
     first = ("text [1] string" if in_model
@@ -273,8 +285,8 @@ def _metadata(translator, in_model, why, quantization, ops, size):
         "config": config.to_dict(),
         "tokenization": "in_model" if in_model else "caller",
         "tokenization_why": why,
-        "source_vocabulary": SOURCE_VOCABULARY,
-        "target_vocabulary": TARGET_VOCABULARY,
+        "source_vocabulary": list(_vocabulary_files(translator))[0],
+        "target_vocabulary": list(_vocabulary_files(translator))[-1],
         "special_ids": {"pad": config.pad_id, "bos": config.bos_id, "eos": config.eos_id},
         "defaults": {"beam_size": translator.beam_size, "alpha": translator.alpha,
                      "extra_length": translator.extra_length},
