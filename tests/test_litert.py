@@ -125,7 +125,7 @@ def test_a_translator_rebuilt_from_its_savedmodel_translates_as_it(bpe):
     from keras_transformer.export.loading import translator_from_saved_model
 
     rebuilt = translator_from_saved_model(bpe["saved_model"])
-    assert rebuilt.config == bpe["translator"].config
+    assert rebuilt.config == bpe["translator"].config.replace(dropout=0.0)  # inference only
     found = rebuilt.translate(SENTENCES)
     assert found[0] == bpe["expected"]["default"][0]
     assert np.array_equal(found[1], bpe["expected"]["default"][1])
