@@ -296,3 +296,47 @@ def test_kt_export_checks_flags_per_format(argv, message, tmp_path, capsys):
 def test_a_missing_export_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="kt-export --format litert"):
         LiteRTTranslator(str(tmp_path))
+
+
+def test_kt_evaluate_with_litert_model(unigram, tmp_path, capsys):
+    from keras_transformer.cli.evaluate import evaluate
+
+    sentences = held_out(6)
+    expected = LiteRTTranslator(unigram["path"]).translate(sentences)[0]
+    source, reference = tmp_path / "src.txt", tmp_path / "ref.txt"
+    source.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    reference.write_text("\n".join(expected) + "\n", encoding="utf-8")
+    scores = evaluate(["--litert-model", unigram["path"], "--source", str(source),
+                       "--reference", str(reference), "--quiet"])
+    assert scores["bleu"] == pytest.approx(100.0)
+
+
+@pytest.mark.slow
+def test_the_demo_s_litert_exports_equal_its_savedmodel(tmp_path):
+    """The real demo (bash scripts/demo.sh's model): float32 LiteRT gives
+    the SavedModel's translations on 200 held-out sentences (at least 99%
+    identical, the rest within float32 tolerance of score), and
+    dynamic-int8 stays within 1.0 BLEU of float32 on 500."""
+    from keras_transformer.cli.export import export
+    from keras_transformer.evaluation import score_translations
+    from keras_transformer.export import load_translator
+    from support.demo_run import run_demo
+
+    done = run_demo(str(tmp_path), timeout=3600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = str(tmp_path / "run")
+    paths = {quantization: export(["--run-dir", run_dir, "--format", "litert", "--name", "demo",
+                                   "--output-dir", str(tmp_path / "litert"),
+                                   "--quantization", quantization])
+             for quantization in ("float32", "dynamic-int8")}
+    sources, references = generate_corpus()["test"]
+    saved = load_translator(str(tmp_path / "sm" / "demo")).translate(sources[:200],
+                                                                      jit_compile=False)
+    found = LiteRTTranslator(paths["float32"]).translate(sources[:200])
+    different = [i for i, (a, b) in enumerate(zip(saved[0], found[0])) if a != b]
+    assert len(different) <= 2, different
+    same = [i for i in range(200) if i not in different]
+    assert np.allclose(np.array(found[1])[same], np.array(saved[1])[same], atol=SCORE_TOLERANCE)
+    bleu = {q: score_translations(LiteRTTranslator(p).translate(sources[:500])[0],
+                                  references[:500])["bleu"] for q, p in paths.items()}
+    assert abs(bleu["dynamic-int8"] - bleu["float32"]) <= 1.0, bleu
