@@ -122,7 +122,7 @@ def test_kt_export_names_and_versions_a_litert_export_of_a_savedmodel(bpe):
 
 
 def test_a_translator_rebuilt_from_its_savedmodel_translates_as_it(bpe):
-    from keras_transformer.export.loading import translator_from_saved_model
+    from keras_transformer.export.saved_model import translator_from_saved_model
 
     rebuilt = translator_from_saved_model(bpe["saved_model"])
     assert rebuilt.config == bpe["translator"].config.replace(dropout=0.0)  # inference only
@@ -131,10 +131,21 @@ def test_a_translator_rebuilt_from_its_savedmodel_translates_as_it(bpe):
     assert np.array_equal(found[1], bpe["expected"]["default"][1])
 
 
+def test_the_rebuild_example_runs(bpe):
+    from keras_transformer.export import saved_model
+
+    finder = doctest.DocTestFinder()
+    runner = doctest.DocTestRunner()
+    for test in finder.find(saved_model.translator_from_saved_model,
+                            extraglobs={"saved_model_dir": bpe["saved_model"]}):
+        runner.run(test)
+    assert runner.tries > 0 and runner.failures == 0
+
+
 def test_a_savedmodel_whose_weights_do_not_fit_its_config_is_refused(bpe, tmp_path):
     import shutil
 
-    from keras_transformer.export.loading import translator_from_saved_model
+    from keras_transformer.export.saved_model import translator_from_saved_model
 
     copy = tmp_path / "1"
     shutil.copytree(bpe["saved_model"], copy)

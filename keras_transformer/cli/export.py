@@ -191,8 +191,7 @@ def export_litert_version(translator, output_dir, name, version, quantization):
 def _export_saved_model(parser, args):
     """--format litert from --saved-model: the translator rebuilt from the
     export (its search defaults, unless a search flag is given)."""
-    from keras_transformer.export.loading import translator_from_saved_model
-    from keras_transformer.export.saved_model import resolve_version
+    from keras_transformer.export.saved_model import resolve_version, translator_from_saved_model
 
     path = resolve_version(args.saved_model)
     given = {name: getattr(args, name) for name in ("beam_size", "alpha", "extra_length",

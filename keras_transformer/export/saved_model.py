@@ -362,3 +362,88 @@ def load_saved_model(path):
     ```
     """
     return SavedModelTranslator(path)
+
+
+def translator_from_saved_model(path, **defaults):
+    """A `Translator` rebuilt from a SavedModel this package exported
+    (`<dir>/<version>`, or `<dir>`: its newest version), for re-exporting
+    it in another format when the run directory is gone: the model built
+    from the export's config with its saved weights, the SentencePiece
+    models read from its graph, and its search defaults and `min_length`
+    (`defaults`, `Translator` keywords, replace them). Its serving
+    functions give the SavedModel's translations.
+
+    Raises: `ValueError` naming the export when its weights do not match
+    the model its config builds (another package version's layout).
+
+    Example:
+    >>> translator = translator_from_saved_model(saved_model_dir)  # kt-export
+    >>> translator.translate(["a cat sits on the mat"])[0] == \\
+    ...     load_translator(saved_model_dir).translate(["a cat sits on the mat"])[0]
+    True
+    """
+    import tensorflow_text  # noqa: F401  (registers the SavedModel's tokenizer ops)
+
+    from keras_transformer.config import TransformerConfig
+    from keras_transformer.export.translator import Translator
+    from keras_transformer.tokenizer import SubwordTokenizer
+    from keras_transformer.transformer import Transformer
+
+    path = resolve_version(path)
+    metadata = read_metadata(path)
+    model = Transformer(TransformerConfig.from_dict(metadata["config"]).replace(dropout=0.0))
+    model.build()
+    unique = {}
+    for weight in model.weights:
+        unique.setdefault(id(getattr(weight, "value", weight)), weight)
+    saved = tf.saved_model.load(path).model_variables
+    weights = list(unique.values())
+    if [tuple(w.shape) for w in weights] != [tuple(v.shape) for v in saved]:
+        raise ValueError(f"{path}: its weights do not match the model its config builds "
+                         f"({len(saved)} saved against {len(weights)}); re-export it from "
+                         "its run directory.")
+    for weight, value in zip(weights, saved):
+        weight.assign(value.numpy())
+    tokenizers = [SubwordTokenizer(proto) for proto in _sentencepiece_models(path)]
+    if metadata.get("shared_vocabulary", True):
+        source = target = tokenizers[0]
+    else:
+        source, target = (_of_size(tokenizers, metadata[key], path)
+                          for key in ("source_vocab_size", "target_vocab_size"))
+    saved_defaults = {"beam_size": metadata["beam_size"], "alpha": metadata["alpha"],
+                      "extra_length": metadata["extra_length"],
+                      "min_length": metadata.get("min_length", 0)}
+    return Translator(model, source, target_tokenizer=target,
+                      **{**saved_defaults, **defaults})
+
+
+def _of_size(tokenizers, size, path):
+    """The one of `tokenizers` of vocabulary `size`; `ValueError` when not
+    exactly one is (two vocabularies of one size cannot be told apart)."""
+    matching = [t for t in tokenizers if t.vocab_size == size]
+    if len(matching) != 1:
+        raise ValueError(f"{path}: cannot tell its source and target vocabularies apart "
+                         f"({len(matching)} of {len(tokenizers)} have {size} pieces); "
+                         "re-export it from its run directory.")
+    return matching[0]
+
+
+def _sentencepiece_models(path):
+    """The distinct SentencePiece models (serialized) of a SavedModel's
+    `SentencepieceOp` nodes."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    document = saved_model_pb2.SavedModel()
+    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+        document.ParseFromString(f.read())
+    graph = document.meta_graphs[0].graph_def
+    nodes = list(graph.node) + [node for function in graph.library.function
+                                for node in function.node_def]
+    found = []
+    for node in nodes:
+        if node.op == "SentencepieceOp" and node.attr["model"].s not in found:
+            found.append(node.attr["model"].s)
+    if not found:
+        raise ValueError(f"{path}: no SentencePiece model in its graph; is it an export of "
+                         "this package?")
+    return found
