@@ -48,6 +48,9 @@ def expected_translations(translator):
 def unigram(tmp_path_factory):
     """Runs `export_litert`'s docstring Example (a unigram vocabulary) in a
     scratch directory and keeps what it made: `{"translator", "path"}`."""
+    import keras
+
+    keras.utils.set_random_seed(11)  # the Example's random model, the same every run
     examples = doctest.DocTestFinder().find(litert.export_litert)
     runner = doctest.DocTestRunner()
     cwd = os.getcwd()
@@ -171,6 +174,34 @@ def test_bad_options_are_refused_with_the_savedmodel_s_words(unigram, options):
     with pytest.raises(ValueError) as found:
         LiteRTTranslator(unigram["path"]).translate(["a cat"], **options)
     assert str(found.value) == str(expected.value)
+
+
+def test_detokenizing_drops_leading_spaces_as_sentencepiece_does():
+    """A model may put space-only pieces first (a random one often does):
+    SentencePiece's decoder drops them, and so must the file's."""
+    import tensorflow as tf
+
+    from keras_transformer.export import Translator
+    from keras_transformer.export.fast_sentencepiece import space_piece_ids
+    from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
+
+    sources, targets = generate_corpus(num_train=200, num_val=0, num_test=0)["train"]
+    tokenizer = SubwordTokenizer(train_sentencepiece(sources + targets, vocab_size=400))
+    import keras_transformer as kt
+
+    model = kt.Transformer(kt.get_config("tiny", vocab_size=tokenizer.vocab_size,
+                                         max_length=16))
+    model.build()
+    module = litert.LiteRTModule(Translator(model, tokenizer), tokenize_in_model=True)
+    space = space_piece_ids(tokenizer.model_proto)
+    assert space
+    word = tokenizer.tokenize(tf.constant(["cat dog"])).to_list()[0]
+    rows = [[space[0]] * 3 + word, [space[0]], word + [space[0]] + word, [space[0]] + word[:1]]
+    width = max(map(len, rows))
+    ids = tf.constant([r + [0] * (width - len(r)) for r in rows], tf.int32)
+    found = [t.decode() for t in module._detokenize(ids).numpy()]
+    assert found == [t.decode() for t in tokenizer.detokenize(ids).numpy()]
+    assert found[0] == "cat dog" and found[1] == ""
 
 
 def test_signatures_have_the_savedmodel_s_names_and_dtypes(unigram):

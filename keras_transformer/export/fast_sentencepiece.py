@@ -116,6 +116,14 @@ def byte_fallback_proto(model_proto, for_encoder=True):
     return bytes(pieces) + model.SerializeToString()
 
 
+def space_piece_ids(model_proto):
+    """The ids of the pieces made of the space symbol alone ("▁", "▁▁",
+    ...). SentencePiece's decoder drops them at the start of an output,
+    where tensorflow-text's keeps them as spaces."""
+    return [i for i, piece in enumerate(_model(model_proto).pieces)
+            if piece.piece and set(piece.piece) == {"\u2581"}]
+
+
 def fast_models(source_proto, target_proto):
     """`(encoder, decoder)`: uint8 arrays of tensorflow-text's Fast
     SentencePiece models (byte fallback kept, `byte_fallback_proto`), the

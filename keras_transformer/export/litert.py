@@ -60,7 +60,11 @@ import tensorflow as tf
 
 from keras_transformer.decoding import beam_search_translate
 from keras_transformer.export.engine import SERVING_DEFAULT, TRANSLATE_WITH_OPTIONS
-from keras_transformer.export.fast_sentencepiece import fast_models, in_model_tokenization
+from keras_transformer.export.fast_sentencepiece import (
+    fast_models,
+    in_model_tokenization,
+    space_piece_ids,
+)
 from keras_transformer.export.litert_translator import METADATA_FILE, MODEL_FILE
 from keras_transformer.files import fsync_directory, replace_directory
 
@@ -94,6 +98,8 @@ class LiteRTModule(tf.Module):
                                        translator.target_tokenizer.model_proto)
         self.encoder_model = tf.constant(encoder)
         self.decoder_model = tf.constant(decoder)
+        spaces = space_piece_ids(translator.target_tokenizer.model_proto)
+        self.space_ids = tf.constant(spaces or [-1], tf.int32)
         self.tokenize_in_model = tokenize_in_model
         first = (tf.TensorSpec([1], tf.string, name="text") if tokenize_in_model
                  else tf.TensorSpec([1, None], tf.int32, name="source_ids"))
@@ -164,6 +170,10 @@ class LiteRTModule(tf.Module):
 
         config = self.config
         keep = tf.not_equal(ids, config.pad_id) & tf.not_equal(ids, config.bos_id)
+        # Space-only pieces before the first other piece are dropped, as
+        # SentencePiece's decoder drops them.
+        space = tf.reduce_any(tf.equal(ids[:, :, None], self.space_ids[None, None, :]), 2)
+        keep &= tf.cumsum(tf.cast(keep & ~space, tf.int32), axis=1) > 0
         values = tf.boolean_mask(ids, keep)
         splits = tf.concat([[0], tf.cumsum(tf.reduce_sum(tf.cast(keep, tf.int32), 1))], 0)
         return fast_ops.tf_text_fast_sentencepiece_detokenize(self.decoder_model, values,
