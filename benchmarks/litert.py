@@ -22,11 +22,7 @@ import statistics
 import time
 
 from benchmarks import provenance
-
-
-def directory_bytes(path):
-    return sum(os.path.getsize(os.path.join(root, name))
-               for root, _, names in os.walk(path) for name in names)
+from benchmarks.model_card import directory_bytes
 
 
 def held_out(count):

@@ -174,18 +174,26 @@ def training_vocabulary_map(run, source_tokenizer, target_tokenizer):
                                 lambda text: target.encode(text, out_type=str))
 
 
-def export_litert_version(translator, output_dir, name, version, quantization):
-    """`export_litert` into `<output_dir>/<name>_litert/<version>/` (the next
-    version when None; an existing one is never rewritten)."""
-    from keras_transformer.export.litert import export_litert
+def new_version_directory(output_dir, base_name, version):
+    """`<output_dir>/<base_name>/<version>/`, the next version when None;
+    `ValueError` when it exists (a served version is never rewritten)."""
     from keras_transformer.export.saved_model import versions
 
-    base = os.path.join(output_dir, f"{name}_litert")
+    base = os.path.join(output_dir, base_name)
     version = max(versions(base), default=0) + 1 if version is None else version
     if os.path.exists(os.path.join(base, str(version))):
-        raise ValueError(f"{base}/{version} exists: an exported version is never "
+        raise ValueError(f"{base}/{version} exists: a served version is never "
                          "rewritten; export a new --version.")
-    return export_litert(translator, os.path.join(base, str(version)), quantization)
+    return os.path.join(base, str(version))
+
+
+def export_litert_version(translator, output_dir, name, version, quantization):
+    """`export_litert` into `new_version_directory(output_dir,
+    "<name>_litert", version)`."""
+    from keras_transformer.export.litert import export_litert
+
+    return export_litert(translator, new_version_directory(output_dir, f"{name}_litert",
+                                                           version), quantization)
 
 
 def _export_saved_model(parser, args):
@@ -234,18 +242,13 @@ def export(argv=None):
         examples = [line for line in examples if line][:MAX_EXAMPLES]
     if args.format == "ctranslate2":
         from keras_transformer.export.ctranslate2 import export_ctranslate2
-        from keras_transformer.export.saved_model import versions
 
         model = run.load_model(prefix, quiet=True)
         source, target = run.load_tokenizers()
-        base = os.path.join(args.output_dir, f"{name}_ct2")
-        version = max(versions(base), default=0) + 1 if args.version is None else args.version
-        if os.path.exists(os.path.join(base, str(version))):
-            raise ValueError(f"{base}/{version} exists: a served version is never "
-                             "rewritten; export a new --version.")
+        directory = new_version_directory(args.output_dir, f"{name}_ct2", args.version)
         mapping = training_vocabulary_map(run, source, target) if args.vocabulary_map else None
         path = export_ctranslate2(
-            model, source, target, os.path.join(base, str(version)),
+            model, source, target, directory,
             quantization=args.quantization or "float32", beam_size=args.beam_size,
             alpha=args.alpha, extra_length=args.extra_length, examples=examples,
             vocabulary_map=mapping, min_length=args.min_length)

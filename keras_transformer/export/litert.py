@@ -7,7 +7,7 @@ Layout of an export directory (`kt-export --format litert` writes it as
     model.tflite                    the translator (signatures below)
     shared.spm                      the SentencePiece model (source.spm and
                                     target.spm when the vocabularies differ)
-    keras_transformer_litert.json   what was exported (`read_litert_metadata`)
+    keras_transformer_litert.json   what was exported (`litert_translator.read_metadata`)
 
 The file has two signatures, named as the SavedModel's and answering the
 same way (`export/signatures.py`): `serving_default` and
@@ -66,7 +66,7 @@ from keras_transformer.export.fast_sentencepiece import (
     space_piece_ids,
 )
 from keras_transformer.export.litert_translator import METADATA_FILE, MODEL_FILE
-from keras_transformer.files import fsync_directory, replace_directory
+from keras_transformer.files import replace_directory
 
 QUANTIZATIONS = ("float32", "dynamic-int8")
 SOURCE_VOCABULARY = "source.spm"
@@ -263,14 +263,11 @@ def export_litert(translator, output_dir, quantization="float32"):
         for name, proto in vocabularies.items():
             with open(os.path.join(new, name), "wb") as f:
                 f.write(proto)
-        metadata = _metadata(translator, in_model, why, quantization, ops, len(tflite))
+        metadata = _metadata(translator, in_model, why, quantization, ops, len(tflite),
+                             list(vocabularies))
         with open(os.path.join(new, METADATA_FILE), "w") as f:
             json.dump(metadata, f, indent=1)
-        for name in os.listdir(new):
-            with open(os.path.join(new, name), "rb") as f:
-                os.fsync(f.fileno())
-        fsync_directory(new)
-        replace_directory(new, output_dir)
+        replace_directory(new, output_dir)  # flushes every file first
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return output_dir
@@ -286,7 +283,7 @@ def _vocabulary_files(translator):
     return {SOURCE_VOCABULARY: source.model_proto, TARGET_VOCABULARY: target.model_proto}
 
 
-def _metadata(translator, in_model, why, quantization, ops, size):
+def _metadata(translator, in_model, why, quantization, ops, size, vocabularies):
     config = translator.config
     first = ("text [1] string" if in_model
              else "source_ids [1, len] int32 (the source's pieces, no eos)")
@@ -295,8 +292,8 @@ def _metadata(translator, in_model, why, quantization, ops, size):
         "config": config.to_dict(),
         "tokenization": "in_model" if in_model else "caller",
         "tokenization_why": why,
-        "source_vocabulary": list(_vocabulary_files(translator))[0],
-        "target_vocabulary": list(_vocabulary_files(translator))[-1],
+        "source_vocabulary": vocabularies[0],
+        "target_vocabulary": vocabularies[-1],
         "special_ids": {"pad": config.pad_id, "bos": config.bos_id, "eos": config.eos_id},
         "defaults": {"beam_size": translator.beam_size, "alpha": translator.alpha,
                      "extra_length": translator.extra_length},
