@@ -1,10 +1,11 @@
 """A LiteRT export against the SavedModel of the same weights: equality,
-BLEU of dynamic-int8 against float32, file sizes, one-sentence latency
+BLEU of dynamic-int8 and float16 against float32, file sizes, one-sentence latency
 and sentences/s on one thread.
 
     python -m benchmarks litert --saved-model saved_models/demo \\
         --litert-model saved_models/demo_litert/1 \\
         --litert-int8 saved_models/demo_litert/2 \\
+        --litert-float16 saved_models/demo_litert/3 \\
         --ctranslate2-model saved_models/demo_ct2 --sentences 500
 
 The sentences are the built-in corpus's held-out ones (what kt-demo scores
@@ -59,6 +60,7 @@ def main(argv=None):
     parser.add_argument("--saved-model", required=True)
     parser.add_argument("--litert-model", required=True, help="the float32 export")
     parser.add_argument("--litert-int8", help="the dynamic-int8 export")
+    parser.add_argument("--litert-float16", help="the float16 export")
     parser.add_argument("--ctranslate2-model", help="an int8 CTranslate2 export, for latency")
     parser.add_argument("--sentences", type=int, default=500)
     parser.add_argument("--singles", type=int, default=100,
@@ -77,10 +79,11 @@ def main(argv=None):
                "litert_float32": LiteRTTranslator(args.litert_model).translate}
     sizes = {"saved_model": directory_bytes(saved.path),
              "litert_float32": os.path.getsize(os.path.join(args.litert_model, "model.tflite"))}
-    if args.litert_int8:
-        engines["litert_dynamic_int8"] = LiteRTTranslator(args.litert_int8).translate
-        sizes["litert_dynamic_int8"] = os.path.getsize(
-            os.path.join(args.litert_int8, "model.tflite"))
+    quantized = {"litert_dynamic_int8": args.litert_int8, "litert_float16": args.litert_float16}
+    for name, path in quantized.items():
+        if path:
+            engines[name] = LiteRTTranslator(path).translate
+            sizes[name] = os.path.getsize(os.path.join(path, "model.tflite"))
     if args.ctranslate2_model:
         from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
 
@@ -107,9 +110,11 @@ def main(argv=None):
                     for name, out in outputs.items() if name != "saved_model"},
                 "bleu": {name: score_translations(out[0], references)["bleu"]
                          for name, out in outputs.items()}}
-    if args.litert_int8:
-        document["bleu_int8_against_float32"] = score_translations(
-            outputs["litert_dynamic_int8"][0], outputs["litert_float32"][0])["bleu"]
+    for name, key in (("litert_dynamic_int8", "bleu_int8_against_float32"),
+                      ("litert_float16", "bleu_float16_against_float32")):
+        if name in outputs:
+            document[key] = score_translations(outputs[name][0],
+                                               outputs["litert_float32"][0])["bleu"]
     times = latencies(engines, sources[:args.singles])
     document["latency_p50_ms_one_sentence"] = {
         name: statistics.median(t) * 1e3 for name, t in times.items()}

@@ -246,6 +246,62 @@ def test_the_export_is_refused_when_an_op_is_not_builtin(unigram, tmp_path, monk
     assert not target.exists() and os.listdir(tmp_path) == []
 
 
+def float32_constants(tflite_bytes):
+    """`[values]` of each buffer that a float32 constant tensor of a
+    `.tflite` file reads (a buffer shared by several tensors once)."""
+    from tensorflow.lite.python import schema_py_generated as schema
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.read_model_from_bytearray(bytearray(tflite_bytes))
+    buffers = {t.buffer for subgraph in model.subgraphs for t in subgraph.tensors
+               if t.type == schema.TensorType.FLOAT32
+               and model.buffers[t.buffer].data is not None
+               and len(model.buffers[t.buffer].data)}
+    return [np.frombuffer(bytes(model.buffers[b].data), "<f4") for b in sorted(buffers)]
+
+
+def test_float16_stores_the_weights_as_float16_and_keeps_the_sentinels(unigram, tmp_path):
+    """`--quantization float16`'s pass on the float32 file: the weights
+    become float16, the search's -1e9 sentinels stay exact (the converter's
+    own float16 mode clamps them to -65504), and the file translates as the
+    float32 one up to float16's rounding of the weights."""
+    import shutil
+
+    from keras_transformer.export.litert_float16 import MIN_ELEMENTS, float16_weights
+
+    with open(os.path.join(unigram["path"], litert_translator.MODEL_FILE), "rb") as f:
+        float32 = f.read()
+    float16 = float16_weights(float32)
+    before, after = float32_constants(float32), float32_constants(float16)
+    weights = [v for v in before if v.size >= MIN_ELEMENTS]
+    assert sum(v.size for v in weights) > 0.6 * sum(v.size for v in before)
+    # Two bytes saved per weight, less what the new tensors and ops take.
+    assert len(float16) < len(float32) - 0.9 * 2 * sum(v.size for v in weights)
+    assert all(np.abs(v).max() > 65504 for v in after if v.size >= MIN_ELEMENTS)
+    sentinel = [v for v in before if (v == -1e9).any()]
+    assert sentinel and len([v for v in after if (v == -1e9).any()]) == len(sentinel)
+    assert "DEQUANTIZE" in litert.op_counts(float16)
+
+    path = tmp_path / "float16"
+    shutil.copytree(unigram["path"], path)
+    (path / litert_translator.MODEL_FILE).write_bytes(float16)
+    reference = LiteRTTranslator(unigram["path"]).translate(SENTENCES)
+    found = LiteRTTranslator(str(path)).translate(SENTENCES)
+    same = [i for i, (a, b) in enumerate(zip(reference[0], found[0])) if a == b]
+    # A random model has near ties that a 2^-11 change of a weight can flip.
+    assert len(same) >= 0.9 * len(SENTENCES)
+    assert np.allclose(np.array(found[1])[same], np.array(reference[1])[same], atol=0.05)
+
+
+def test_float16_weights_example_runs():
+    from keras_transformer.export import litert_float16
+
+    (example,) = doctest.DocTestFinder().find(litert_float16.float16_weights)
+    runner = doctest.DocTestRunner()
+    runner.run(example)
+    assert runner.failures == 0
+
+
 def test_unknown_quantization_is_refused_before_any_work(unigram, tmp_path):
     with pytest.raises(ValueError, match="dynamic-int8"):
         litert.export_litert(unigram["translator"], str(tmp_path / "m"), quantization="int4")
@@ -318,6 +374,8 @@ def test_kt_translate_refuses_what_litert_cannot_do(argv, message, tmp_path, cap
      "--quantization int8 does not apply to --format litert"),
     (["--format", "ctranslate2", "--quantization", "dynamic-int8"],
      "--quantization dynamic-int8 does not apply to --format ctranslate2"),
+    (["--format", "ctranslate2", "--quantization", "float16"],
+     "--quantization float16 does not apply to --format ctranslate2"),
     (["--format", "litert", "--xla-column-blocks", "2"],
      "--xla-column-blocks applies to --format saved_model, not litert"),
     (["--format", "litert", "--vocabulary-map"],
@@ -358,7 +416,7 @@ def test_the_demo_s_litert_exports_equal_its_savedmodel(tmp_path):
     """The real demo (bash scripts/demo.sh's model): float32 LiteRT gives
     the SavedModel's translations on 200 held-out sentences (at least 99%
     identical, the rest within float32 tolerance of score), and
-    dynamic-int8 stays within 1.0 BLEU of float32 on 500."""
+    dynamic-int8 and float16 stay within 1.0 BLEU of float32 on 500."""
     from keras_transformer.cli.export import export
     from keras_transformer.evaluation import score_translations
     from keras_transformer.export import load_translator
@@ -370,7 +428,7 @@ def test_the_demo_s_litert_exports_equal_its_savedmodel(tmp_path):
     paths = {quantization: export(["--run-dir", run_dir, "--format", "litert", "--name", "demo",
                                    "--output-dir", str(tmp_path / "litert"),
                                    "--quantization", quantization])
-             for quantization in ("float32", "dynamic-int8")}
+             for quantization in litert.QUANTIZATIONS}
     sources, references = generate_corpus()["test"]
     saved = load_translator(str(tmp_path / "sm" / "demo")).translate(sources[:200],
                                                                       jit_compile=False)
@@ -382,3 +440,4 @@ def test_the_demo_s_litert_exports_equal_its_savedmodel(tmp_path):
     bleu = {q: score_translations(LiteRTTranslator(p).translate(sources[:500])[0],
                                   references[:500])["bleu"] for q, p in paths.items()}
     assert abs(bleu["dynamic-int8"] - bleu["float32"]) <= 1.0, bleu
+    assert abs(bleu["float16"] - bleu["float32"]) <= 1.0, bleu

@@ -42,8 +42,8 @@ boards, beam search inside (docs/litert.md):
     #    SentencePiece models, keras_transformer_litert.json)
     kt-translate --litert-model saved_models/de_en_litert --input test.de
 
---quantization is float32 (default, the SavedModel's translations) or
-dynamic-int8 (int8 weights).
+--quantization is float32 (default, the SavedModel's translations),
+dynamic-int8 (int8 weights) or float16 (float16 weights, float32 arithmetic).
 --saved-model saved_models/de_en (instead of --run-dir) rebuilds the
 translator from a SavedModel this package exported, its search defaults
 included, when the run directory is gone (--format litert only).
@@ -106,7 +106,8 @@ def build_parser():
                         help="the weights' type: float32 (default; the same translations as "
                         "the model); with --format ctranslate2 also int8 or int8_float32 "
                         "(int8 weights, one scale per row; float32 for the rest); with "
-                        "--format litert also dynamic-int8 (int8 weights)")
+                        "--format litert also dynamic-int8 (int8 weights) or float16 (float16 "
+                        "weights, float32 arithmetic)")
     parser.add_argument("--vocabulary-map", action="store_true",
                         help="with --format ctranslate2: also write a vocabulary map "
                         "(vmap.txt) built from co-occurrence in the run's training data, "

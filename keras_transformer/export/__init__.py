@@ -11,9 +11,9 @@
   (`warmup`), and loading an export back (`SavedModelTranslator`).
 - `ctranslate2`, `vocabulary_map`, `column_blocks`: the CTranslate2
   export and engine, and the XLA search's column blocks.
-- `litert`, `fast_sentencepiece`, `litert_translator`: one LiteRT file with
-  beam search inside, its vocabulary as tensorflow-text's LiteRT ops read
-  it, and its engine.
+- `litert`, `fast_sentencepiece`, `litert_float16`, `litert_translator`:
+  one LiteRT file with beam search inside, its vocabulary as
+  tensorflow-text's LiteRT ops read it, its float16 weights, and its engine.
 
 The clients of a model server live beside it, in `serving.client`.
 """

@@ -41,9 +41,10 @@ and, for tokenization, `TFText>FastSentencepieceTokenize` and
 `tensorflow_text.tflite_registrar`; no Flex (SELECT_TF_OPS) op. The export
 fails if the converter leaves any other op (`LITERT_CUSTOM_OPS`).
 
-Quantization (`QUANTIZATIONS`): "float32" (the SavedModel's translations)
-and "dynamic-int8" (int8 weights, float32 activations; about 40% of the
-size).
+Quantization (`QUANTIZATIONS`): "float32" (the SavedModel's translations),
+"dynamic-int8" (int8 weights, float32 activations; about 40% of the size)
+and "float16" (float16 weights widened to float32 on load, float32
+arithmetic; `litert_float16.py` says why not the converter's float16 mode).
 
 TensorFlow-only module.
 """
@@ -65,10 +66,11 @@ from keras_transformer.export.fast_sentencepiece import (
     in_model_tokenization,
     space_piece_ids,
 )
+from keras_transformer.export.litert_float16 import float16_weights
 from keras_transformer.export.litert_translator import METADATA_FILE, MODEL_FILE
 from keras_transformer.files import replace_directory
 
-QUANTIZATIONS = ("float32", "dynamic-int8")
+QUANTIZATIONS = ("float32", "dynamic-int8", "float16")
 SOURCE_VOCABULARY = "source.spm"
 TARGET_VOCABULARY = "target.spm"
 SHARED_VOCABULARY = "shared.spm"  # when source and target share one
@@ -196,7 +198,8 @@ def _convert(saved_model_dir, quantization):
     converter.allow_custom_ops = True  # the two tensorflow-text ops only (checked)
     if quantization == "dynamic-int8":
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    return converter.convert()
+    converted = converter.convert()
+    return float16_weights(converted) if quantization == "float16" else converted
 
 
 def export_litert(translator, output_dir, quantization="float32"):
@@ -210,7 +213,8 @@ def export_litert(translator, output_dir, quantization="float32"):
             beam_size, alpha, extra_length and min_length become the
             file's defaults).
         output_dir: the directory to write.
-        quantization: "float32" or "dynamic-int8".
+        quantization: "float32", "dynamic-int8" or "float16" (the
+            module docstring).
 
     Returns: `output_dir`.
 
