@@ -154,63 +154,66 @@ def test_the_multi30k_block_makes_the_three_files(tmp_path):
     assert counts == {"train": 29000, "val": 1014, "test": 1000}
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--vocab", "{other}"], r"its source vocabulary \(\d+ ids\) is not the one given"),
-    (["--config", "small"], r"the new run's model differs from the trained one in .*'d_model': \(64, 256\)"),
-])
-def test_init_from_refuses_another_vocabulary_or_architecture(tmp_path, flags, message):
-    """--init-from with a mismatched vocabulary or model is refused, naming
-    what differs (a tiny trained run, then two refused fine-tunings)."""
+# The flags of the tiny runs that the --init-from tests train and fine-tune.
+TINY_RUN = ["--src-lang", "en", "--tgt-lang", "de", "--vocab-size", "400",
+            "--validate-every", "3", "--checkpoint-every", "0", "--warmup-steps", "4",
+            "--batch-tokens", "256", "--max-length", "32", "--valid-split", "",
+            "--verbose", "0"]
+
+
+@pytest.fixture(scope="module")
+def trained_runs(tmp_path_factory):
+    """Two tiny runs of 3 updates on one corpus, trained once for the
+    --init-from tests: `trained` (unigram vocabulary) and `other` (a BPE
+    one). Returns `{"data", "trained", "other"}` (directories)."""
     from keras_transformer.cli import train as trainer
 
     from support.processes import write_corpus
 
-    data = tmp_path / "data"
+    root = tmp_path_factory.mktemp("init-from")
+    data = root / "data"
     data.mkdir()
     write_corpus(str(data))
-    common = ["--data", f"text:{data}", "--src-lang", "en", "--tgt-lang", "de",
-              "--vocab-size", "400", "--train-steps", "2", "--validate-every", "2",
-              "--checkpoint-every", "0", "--warmup-steps", "4", "--batch-tokens", "256",
-              "--max-length", "32", "--valid-split", "", "--verbose", "0"]
-    trained = str(tmp_path / "trained")
-    assert trainer.main(["--run-dir", trained, "--config", "tiny", *common]) == 0
-    other = str(tmp_path / "other")
-    assert trainer.main(["--run-dir", other, "--config", "tiny", *common,
-                         "--vocab-model-type", "bpe"]) == 0
-    flags = [f.format(other=os.path.join(other, "vocab.model")) for f in flags]
-    argv = ["--run-dir", str(tmp_path / "tuned"), "--init-from", trained, *common, *flags]
+    runs = {"data": str(data), "trained": str(root / "trained"), "other": str(root / "other")}
+    for name, extra in (("trained", []), ("other", ["--vocab-model-type", "bpe"])):
+        assert trainer.main(["--run-dir", runs[name], "--data", f"text:{data}", "--config",
+                             "tiny", "--train-steps", "3", *TINY_RUN, *extra]) == 0
+    return runs
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--vocab", "{other}"], r"its source vocabulary \(\d+ ids\) is not the one given"),
+    (["--config", "small"], r"the new run's model differs from the trained one in .*'d_model': \(64, 256\)"),
+])
+def test_init_from_refuses_another_vocabulary_or_architecture(trained_runs, tmp_path, flags,
+                                                              message):
+    """--init-from with a mismatched vocabulary or model is refused, naming
+    what differs, before the new run writes anything."""
+    from keras_transformer.cli import train as trainer
+
+    flags = [f.format(other=os.path.join(trained_runs["other"], "vocab.model")) for f in flags]
+    argv = ["--run-dir", str(tmp_path / "tuned"), "--init-from", trained_runs["trained"],
+            "--data", f"text:{trained_runs['data']}", "--train-steps", "2", *TINY_RUN, *flags]
     args = trainer.build_parser().parse_args(argv)
     with pytest.raises(ValueError, match=message):
         trainer.train(args, argv)
     assert not os.path.exists(tmp_path / "tuned" / "config.json")
 
 
-def test_init_from_takes_the_weights_and_leaves_the_optimizer_fresh(tmp_path):
+def test_init_from_takes_the_weights_and_leaves_the_optimizer_fresh(trained_runs):
     """A fine-tuning run's model starts with the trained weights, and its
     optimizer at step 0 with zero moments; with --keep-optimizer, the trained
     optimizer's step and moments come too."""
     import keras
     import numpy as np
 
-    from keras_transformer.cli import train as trainer
     from keras_transformer.pipeline.trainer import restore_initial_weights
     from keras_transformer.run_directory import RunDirectory
     from keras_transformer.schedules import transformer_adam
     from keras_transformer.training.checkpoints import build_for_restore
     from keras_transformer.transformer import Transformer
 
-    from support.processes import write_corpus
-
-    data = tmp_path / "data"
-    data.mkdir()
-    write_corpus(str(data))
-    trained = str(tmp_path / "trained")
-    assert trainer.main(["--run-dir", trained, "--data", f"text:{data}", "--src-lang", "en",
-                         "--tgt-lang", "de", "--config", "tiny", "--vocab-size", "400",
-                         "--train-steps", "3", "--validate-every", "3", "--checkpoint-every",
-                         "0", "--warmup-steps", "4", "--batch-tokens", "256", "--max-length",
-                         "32", "--valid-split", "", "--verbose", "0"]) == 0
-    run = RunDirectory(trained)
+    run = RunDirectory(trained_runs["trained"])
     expected = run.load_model("last", quiet=True)
     prefix, _ = run.resolve_checkpoint("last")
     for keep in (False, True):
