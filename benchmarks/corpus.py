@@ -1,7 +1,8 @@
 """Translating a big file with kt-translate (`keras_transformer/streaming.py`):
 peak resident memory at N and 10 N lines, sentences/s against one window
 holding the whole input (how kt-translate read a file before it streamed:
-all of it sorted and translated at once, written at the end), and the time
+all of it sorted and translated at once, written at the end; streaming
+translates its default two windows at once), and the time
 a job killed halfway takes to resume. With `--beam-python` (a Python with
 the `beam` extra, e.g. .venv-beam/bin/python) and a SavedModel, it also
 times the Beam pipeline (`keras_transformer.beam`) on the DirectRunner with
@@ -173,7 +174,7 @@ def main(argv=None):
         write_input(large, args.large_lines or 10 * args.lines)
     batch = ["--batch-size", str(args.batch_size)]
     streaming = ["--window", str(args.window), *batch]
-    whole = ["--window", str(args.lines + 1), *batch]
+    whole = ["--window", str(args.lines + 1), "--parallel-windows", "1", *batch]
     document = {"kind": "corpus", "model": flags, "args": vars(args)}
     if "memory" in parts:
         memory = {}

@@ -15,19 +15,25 @@ the directory goes once the output is in place.
 A window's translations do not depend on the windows before it (each
 engine searches every sentence as it would alone, and seeded samples
 depend on the seed and the sentence), so a resumed job writes the same
-bytes as an uninterrupted one.
+bytes as an uninterrupted one, and windows can be translated side by side:
+`DEFAULT_IN_FLIGHT` at once, each in a thread of its own (`in_order`), the
+next starting as the oldest is written. A TensorFlow search of a small
+model keeps one core busy at a time, so two windows at once use a second.
 """
 
+import collections
 import contextlib
 import gzip
 import json
 import os
 import shutil
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from keras_transformer.files import atomic_path, fsync_directory, write_atomically
 
 DEFAULT_WINDOW = 4096
+DEFAULT_IN_FLIGHT = 2  # windows translated at once
 PARTS_SUFFIX = ".parts"
 JOB_FILE = "job.json"
 _READ_BYTES = 1 << 20
@@ -107,6 +113,41 @@ def windows(lines, size):
             window = []
     if window:
         yield window
+
+
+def in_order(work, items, in_flight=DEFAULT_IN_FLIGHT):
+    """Yields `work(item)` for each of `items`, in the items' order, with
+    up to `in_flight` calls running at once in threads: the next item is
+    taken (and `items` read further) only when the oldest result has been
+    consumed, so at most `in_flight` results exist at a time. An exception
+    of `work` is raised where its result would have been yielded; items
+    not yet started are then dropped.
+
+    Example:
+    >>> import time
+    >>> def slow_first(n):
+    ...     time.sleep(0.05 if n == 0 else 0)
+    ...     return n * n
+    >>> list(in_order(slow_first, range(5), in_flight=2))
+    [0, 1, 4, 9, 16]
+    """
+    if in_flight < 1:
+        raise ValueError(f"in_flight must be at least 1, received {in_flight}.")
+    if in_flight == 1:
+        yield from map(work, items)
+        return
+    with ThreadPoolExecutor(in_flight, thread_name_prefix="window") as pool:
+        pending = collections.deque()
+        try:
+            for item in items:
+                pending.append(pool.submit(work, item))
+                if len(pending) == in_flight:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def input_identity(path):
@@ -195,14 +236,17 @@ def progress_bar(total, initial=0, quiet=False, stream=None):
 
 
 def translate_file(translate_window, source, output="-", window=DEFAULT_WINDOW, job=None,
-                   quiet=False, stdout=None):
+                   quiet=False, stdout=None, in_flight=DEFAULT_IN_FLIGHT):
     """Translates `source` window by window with `translate_window(lines,
     first) -> list of output lines` (`first`: the index of the window's
-    first line), writing them to `output` as they come (`-`: `stdout`,
-    default `sys.stdout`). A file `output` appears complete, in one rename;
-    from a `source` file it is written through `ResumableOutput`, so a job
-    run again with the same `job` resumes after its last finished window
-    (from stdin, which cannot be read again, a killed job starts over).
+    first line), writing them to `output` in input order (`-`: `stdout`,
+    default `sys.stdout`). Up to `in_flight` windows are translated at
+    once, each in a thread (`in_order`): `translate_window` must be safe to
+    call from two threads. A file `output` appears complete, in one
+    rename; from a `source` file it is written through `ResumableOutput`,
+    so a job run again with the same `job` resumes after its last finished
+    window (from stdin, which cannot be read again, a killed job starts
+    over).
 
     Returns: the number of input lines.
     """
@@ -219,18 +263,28 @@ def translate_file(translate_window, source, output="-", window=DEFAULT_WINDOW, 
         count = 0
         skipped = done * window if total is None else min(done * window, total)
         bar = stack.enter_context(progress_bar(total, initial=skipped, quiet=quiet))
-        for index, lines in enumerate(windows(iter_lines(source), window)):
-            first = count
-            count += len(lines)
-            if index < done:
-                continue
-            text = "".join(line + "\n" for line in translate_window(lines, first))
+
+        def todo():
+            """`(index, first, lines)` of each window not finished before."""
+            nonlocal count
+            for index, lines in enumerate(windows(iter_lines(source), window)):
+                first = count
+                count += len(lines)
+                if index >= done:
+                    yield index, first, lines
+
+        def translated(item):
+            index, first, lines = item
+            return index, len(lines), "".join(
+                line + "\n" for line in translate_window(lines, first))
+
+        for index, size, text in in_order(translated, todo(), in_flight):
             if resumable is None:
                 out.write(text)
                 out.flush()
             else:
                 resumable.write(index, text)
-            bar.update(len(lines))
+            bar.update(size)
     if resumable is not None:
         resumable.close(-(-count // window))
     return count

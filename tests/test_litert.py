@@ -329,6 +329,20 @@ def test_metadata_and_layout(unigram):
     assert LiteRTTranslator(os.path.dirname(path)).path == path  # newest version
 
 
+def test_two_threads_share_one_engine(unigram):
+    """kt-translate translates two windows at once: the interpreter's calls
+    are taken one at a time, and each thread gets its own sentences'
+    answers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine = LiteRTTranslator(unigram["path"])
+    halves = [SENTENCES[::2], SENTENCES[1::2]]
+    alone = [engine.translate(half) for half in halves]
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(engine.translate, halves * 3))
+    assert together == alone * 3
+
+
 def test_engine_example_runs(unigram):
     globs = {"litert_dir": unigram["path"]}
     result = doctest.testmod(litert_translator, extraglobs=globs, optionflags=doctest.ELLIPSIS)

@@ -69,7 +69,7 @@ def test_a_job_resumes_after_its_last_finished_window(tmp_path):
     calls.clear()
     assert streaming.translate_file(_echo(calls), str(source), output, window=2,
                                     job={"beam": 4}, quiet=True) == 10
-    assert calls == [(6, 2), (8, 2)]  # only the windows not finished before
+    assert sorted(calls) == [(6, 2), (8, 2)]  # only the windows not finished before
     assert open(output).read() == "".join(f"{i}:s{i}\n" for i in range(10))
     assert not os.path.exists(output + ".parts")
     # The same from stdout, in one go.
@@ -84,6 +84,72 @@ def test_a_job_resumes_after_its_last_finished_window(tmp_path):
 
     streaming.translate_file(_echo([]), str(source), "-", window=3, stdout=Out())
     assert "".join(printed) == open(output).read()
+
+
+def test_two_windows_are_translated_at_once_and_written_in_input_order(tmp_path):
+    """With the default `in_flight` 2, the first two windows are in
+    `translate_window` at the same time (a barrier that times out
+    otherwise); the first finishes last, yet is written first. With 1,
+    never two at once."""
+    import threading
+
+    source = tmp_path / "in.txt"
+    source.write_text("".join(f"s{i}\n" for i in range(7)))
+    both_in = threading.Barrier(2, timeout=30)
+    first_done = threading.Event()
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def overlapping(lines, first):
+        if first < 4:  # windows 0 and 1
+            both_in.wait()
+            if first == 0:
+                time.sleep(0.2)
+                first_done.set()
+            else:
+                assert not first_done.is_set()
+        return _echo([])(lines, first)
+
+    assert streaming.DEFAULT_IN_FLIGHT == 2
+    output = str(tmp_path / "out.txt")
+    streaming.translate_file(overlapping, str(source), output, window=2, quiet=True)
+    assert open(output).read() == "".join(f"{i}:s{i}\n" for i in range(7))
+
+    def counted(lines, first):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+        return _echo([])(lines, first)
+
+    one = str(tmp_path / "one.txt")
+    streaming.translate_file(counted, str(source), one, window=2, quiet=True, in_flight=1)
+    assert most[0] == 1 and open(one).read() == open(output).read()
+
+
+def test_in_order_example_runs_and_errors_surface_in_order():
+    import doctest
+
+    finder = doctest.DocTestFinder()
+    (example,) = finder.find(streaming.in_order)
+    runner = doctest.DocTestRunner()
+    runner.run(example)
+    assert runner.failures == 0
+
+    def fails_on_2(n):
+        if n == 2:
+            raise ValueError("item 2")
+        return n
+
+    got = []
+    with pytest.raises(ValueError, match="item 2"):
+        for value in streaming.in_order(fails_on_2, range(6), in_flight=2):
+            got.append(value)
+    assert got == [0, 1]
+    with pytest.raises(ValueError, match="in_flight must be at least 1"):
+        list(streaming.in_order(fails_on_2, [], in_flight=0))
 
 
 def test_a_changed_input_is_not_resumed(tmp_path):
@@ -118,7 +184,9 @@ def _corpus(path, count=240):
 def test_a_killed_kt_translate_resumes_with_the_same_bytes(exported, tmp_path):
     flags = ["--saved-model", exported, "--input", _corpus(tmp_path / "in.txt"),
              "--window", "16", "--batch-size", "8"]
-    whole = _kt_translate(*flags, "--output", str(tmp_path / "whole.txt"))
+    # One window after another here, two at once (the default) below.
+    whole = _kt_translate(*flags, "--output", str(tmp_path / "whole.txt"),
+                          "--parallel-windows", "1")
     output = tmp_path / "out.txt"
     killed = _kt_translate(*flags, "--output", str(output))
     parts = str(output) + ".parts"
@@ -155,7 +223,18 @@ def test_n_best_and_samples_resume_with_the_same_bytes(exported, tmp_path, monke
     monkeypatch.setattr(translate, "open_from_args", lambda args: loaded)
     flags = ["--saved-model", exported, "--input", _corpus(tmp_path / "in.txt", 24),
              "--window", "4", "--batch-size", "4", "--quiet", *mode]
-    translate.translate(flags + ["--output", str(tmp_path / "whole.txt")], collect=False)
+    # One window after another here, two at once (the default) below.
+    translate.translate(flags + ["--output", str(tmp_path / "whole.txt"),
+                                 "--parallel-windows", "1"], collect=False)
+    with open(tmp_path / "whole.txt", encoding="utf-8", newline="") as f:
+        whole = f.read().split("\n")[:-1]  # a sample may hold other line breaks
+    # The library's result keeps the input's order too.
+    collected = translate.translate(flags + ["--output", str(tmp_path / "collected.txt")])
+    if mode[0] == "--n-best":
+        assert [f"{i} ||| {streaming.one_line(t)} ||| {s:.4f}"
+                for i, row in enumerate(collected) for t, s in row] == whole
+    else:
+        assert [streaming.one_line(t) for t in collected[0]] == whole
     write = streaming.ResumableOutput.write
 
     def stops_at_window_3(self, index, text):

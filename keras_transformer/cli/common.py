@@ -130,6 +130,17 @@ def add_decoding_arguments(parser, defaults_from_model=False, xla=True):
                         "the export's (those run its XLA-free translate_with_options)")
 
 
+def add_parallel_windows_flag(parser):
+    """`--parallel-windows N` (`streaming.in_order`'s `in_flight`) for
+    kt-translate and kt-evaluate."""
+    from keras_transformer.streaming import DEFAULT_IN_FLIGHT
+
+    parser.add_argument("--parallel-windows", type=int, default=DEFAULT_IN_FLIGHT,
+                        metavar="N", help="windows translated at once, each in a thread "
+                        "of its own, written in input order (the same output; 1: one "
+                        "after another; default: %(default)s)")
+
+
 def add_search_flag(parser, name, default, help):
     """`--<name>` (dashes for underscores) with the type of the search
     option `name` (`decoding.search_options.OPTIONS`); `help` may name the

@@ -6,8 +6,9 @@ detokenized output, printing sacreBLEU's signature strings.
         --reference ../shared/data/multi30k/test_2016_flickr.de.gz
 
 One sentence per line in --source and --reference (.gz ok). The source is
-translated --window lines at a time (default 4096), with a progress bar on
-stderr when it is a terminal (--quiet: never). The translations can be
+translated --window lines at a time (default 4096), --parallel-windows of
+them at once (default 2), with a progress bar on stderr when it is a
+terminal (--quiet: never). The translations can be
 kept with --hypotheses. --tokenized-bleu de adds the
 BLEU the Multi30k papers report (lowercased, punctuation-normalised,
 Moses-tokenized), on its own labelled line: a different number from
@@ -27,6 +28,7 @@ import sys
 
 from keras_transformer import startup
 from keras_transformer.cli.common import (
+    add_parallel_windows_flag,
     check_engine,
     decoding_options,
     open_from_args,
@@ -52,6 +54,7 @@ def build_parser():
     parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="LINES",
                         help="lines translated at a time, length-sorted (default: "
                         "%(default)s)")
+    add_parallel_windows_flag(parser)
     parser.add_argument("--quiet", action="store_true",
                         help="no progress bar (it shows only when stderr is a terminal)")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
@@ -68,6 +71,7 @@ def evaluate(argv=None, stdout=None):
     from keras_transformer.evaluation import score_translations
     from keras_transformer.streaming import (
         count_lines,
+        in_order,
         iter_lines,
         one_line,
         progress_bar,
@@ -80,6 +84,8 @@ def evaluate(argv=None, stdout=None):
         parser.error("--batch-size must be at least 1")
     if args.window < 1:
         parser.error("--window must be at least 1")
+    if args.parallel_windows < 1:
+        parser.error("--parallel-windows must be at least 1")
     check_engine(parser, args)
     out = stdout or sys.stdout
     sources, references = count_lines(args.source), count_lines(args.reference)
@@ -88,12 +94,16 @@ def evaluate(argv=None, stdout=None):
     references = [r.decode("utf-8", "replace") for r in iter_lines(args.reference)]
     translator = open_from_args(args)
     options = decoding_options(args, translator)
+    def translated(lines):
+        found, _ = translator.translate(lines, batch_size=args.batch_size, **options)
+        return [one_line(t) for t in found]
+
     translations = []
     with progress_bar(sources, quiet=args.quiet) as bar:
-        for lines in windows(iter_lines(args.source), args.window):
-            found, _ = translator.translate(lines, batch_size=args.batch_size, **options)
-            translations += [one_line(t) for t in found]
-            bar.update(len(lines))
+        for found in in_order(translated, windows(iter_lines(args.source), args.window),
+                              args.parallel_windows):
+            translations += found
+            bar.update(len(found))
     if args.hypotheses:
         from keras_transformer.files import write_atomically
 

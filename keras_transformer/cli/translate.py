@@ -35,7 +35,9 @@ sentences would translate badly as one. Not with --n-best or --scores.
 
 Big files: the input is read --window lines at a time (default 4096),
 each window sorted by length into full batches and written in input
-order, so memory does not grow with the input. A progress bar (lines,
+order, so memory does not grow with the input; --parallel-windows
+windows (default 2) are translated at once, each in a thread, which keeps a
+second core busy. A progress bar (lines,
 lines/s, time left) shows on stderr when it is a terminal (--quiet: never).
 With --output FILE, finished windows are kept in FILE.parts/ and FILE
 appears, complete, only at the end: a job that was killed resumes after
@@ -70,6 +72,7 @@ import sys
 
 from keras_transformer import startup
 from keras_transformer.cli.common import (
+    add_parallel_windows_flag,
     add_search_flag,
     check_engine,
     decoding_options,
@@ -93,6 +96,7 @@ def build_parser():
     parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="LINES",
                         help="lines read, length-sorted and written at a time; the unit "
                         "a killed job resumes from (default: %(default)s)")
+    add_parallel_windows_flag(parser)
     parser.add_argument("--split-sentences", metavar="LANG",
                         help="split each line into sentences (pysbd, source language LANG), "
                         "translate them and join them back: one output line per line")
@@ -118,6 +122,8 @@ def check_arguments(parser, args):
         parser.error("--batch-size must be at least 1")
     if args.window < 1:
         parser.error("--window must be at least 1")
+    if args.parallel_windows < 1:
+        parser.error("--parallel-windows must be at least 1")
     check_engine(parser, args)
     if args.engine == "litert":
         for flag, given in (("--n-best", args.n_best is not None),
@@ -173,26 +179,30 @@ def translate(argv=None, stdout=None, collect=True):
     check_arguments(parser, args)
     translator = open_from_args(args)
     search = _search(args, translator)
-    kept = [] if collect else None
+    # {first line's index: the window's result}: windows finish in any order.
+    found = {} if collect else None
 
     def translate_window(lines, first):
         result = search(lines)
         if args.n_best is not None:
-            if kept is not None:
-                kept.extend(result)
+            if found is not None:
+                found[first] = result
             return [f"{first + i} ||| {one_line(t)} ||| {s:.4f}"
                     for i, nbest in enumerate(result) for t, s in nbest]
-        if kept is not None:
-            kept.extend(zip(*result))
+        if found is not None:
+            found[first] = list(zip(*result))
         return [f"{s:.4f}\t{one_line(t)}" if args.scores else one_line(t)
                 for t, s in zip(*result)]
 
+    # What changes the output bytes identifies the job; how it runs does not.
     settings = {name: value for name, value in sorted(vars(args).items())
-                if name not in ("output", "quiet", "input")}
+                if name not in ("output", "quiet", "input", "parallel_windows")}
     translate_file(translate_window, args.input, args.output, args.window,
-                   job={"settings": settings}, quiet=args.quiet, stdout=stdout)
-    if kept is None:
+                   job={"settings": settings}, quiet=args.quiet, stdout=stdout,
+                   in_flight=args.parallel_windows)
+    if found is None:
         return None
+    kept = [row for first in sorted(found) for row in found[first]]
     if args.n_best is not None:
         return kept
     return [t for t, _ in kept], [s for _, s in kept]

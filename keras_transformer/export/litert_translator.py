@@ -10,6 +10,7 @@ SentencePiece ops.
 """
 
 import os
+import threading
 
 import numpy as np
 
@@ -75,7 +76,8 @@ class LiteRTTranslator(TranslationEngine):
         threads: the interpreter's CPU threads.
 
     Only `translate` (the file's two signatures): `translate_nbest` and
-    `sample` raise `ValueError` saying which engine has them.
+    `sample` raise `ValueError` saying which engine has them. Safe to call
+    from several threads: an interpreter takes one call at a time (a lock).
 
     Example:
     >>> translator = LiteRTTranslator(litert_dir)  # kt-export --format litert
@@ -99,6 +101,7 @@ class LiteRTTranslator(TranslationEngine):
         self._interpreter = make_interpreter(os.path.join(self.path, MODEL_FILE), threads)
         self._runners = {name: self._interpreter.get_signature_runner(name)
                          for name in (SERVING_DEFAULT, TRANSLATE_WITH_OPTIONS)}
+        self._lock = threading.Lock()
 
     def translate(self, sentences, beam_size=None, alpha=None, extra_length=None,
                   batch_size=None):
@@ -135,8 +138,10 @@ class LiteRTTranslator(TranslationEngine):
             source = {"text": np.array([sentence.encode("utf-8")], object)}
         else:
             source = {"source_ids": np.array([self._source.encode(sentence)], np.int32)}
-        out = runner(**source, **arguments)
-        return out["translation"][0].decode("utf-8", "replace"), float(out["score"][0])
+        with self._lock:
+            out = runner(**source, **arguments)
+            translation, score = out["translation"][0], float(out["score"][0])
+        return translation.decode("utf-8", "replace"), score
 
     def translate_nbest(self, sentences, n, beam_size=None, alpha=None, extra_length=None):
         raise ValueError("A LiteRT export has serving_default and translate_with_options; "
