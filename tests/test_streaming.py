@@ -129,6 +129,22 @@ def test_two_windows_are_translated_at_once_and_written_in_input_order(tmp_path)
     assert most[0] == 1 and open(one).read() == open(output).read()
 
 
+def test_parallel_windows_default_by_engine():
+    import argparse
+
+    from keras_transformer.cli.common import parallel_windows
+    from keras_transformer.cli.translate import build_parser
+
+    parser = build_parser()
+    for engine, expected in (("tensorflow", 2), ("ctranslate2", 1), ("litert", 1)):
+        args = argparse.Namespace(engine=engine, parallel_windows=None)
+        assert parallel_windows(parser, args) == expected
+        args.parallel_windows = 3
+        assert parallel_windows(parser, args) == 3
+    with pytest.raises(SystemExit):
+        parallel_windows(parser, argparse.Namespace(engine="tensorflow", parallel_windows=0))
+
+
 def test_in_order_example_runs_and_errors_surface_in_order():
     import doctest
 

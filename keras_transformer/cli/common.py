@@ -135,10 +135,24 @@ def add_parallel_windows_flag(parser):
     kt-translate and kt-evaluate."""
     from keras_transformer.streaming import DEFAULT_IN_FLIGHT
 
-    parser.add_argument("--parallel-windows", type=int, default=DEFAULT_IN_FLIGHT,
-                        metavar="N", help="windows translated at once, each in a thread "
-                        "of its own, written in input order (the same output; 1: one "
-                        "after another; default: %(default)s)")
+    parser.add_argument("--parallel-windows", type=int, default=None, metavar="N",
+                        help="windows translated at once, each in a thread of its own, "
+                        f"written in input order (the same output): default {DEFAULT_IN_FLIGHT} "
+                        "with TensorFlow's engine, whose search of a small model keeps "
+                        "about one core busy; 1 with CTranslate2's (--threads sets its "
+                        "parallelism) and LiteRT's (one interpreter)")
+
+
+def parallel_windows(parser, args):
+    """`--parallel-windows`, defaulted by engine (after `check_engine`);
+    `parser.error` below 1."""
+    from keras_transformer.streaming import DEFAULT_IN_FLIGHT
+
+    if args.parallel_windows is None:
+        return DEFAULT_IN_FLIGHT if args.engine == "tensorflow" else 1
+    if args.parallel_windows < 1:
+        parser.error("--parallel-windows must be at least 1")
+    return args.parallel_windows
 
 
 def add_search_flag(parser, name, default, help):

@@ -7,7 +7,7 @@ detokenized output, printing sacreBLEU's signature strings.
 
 One sentence per line in --source and --reference (.gz ok). The source is
 translated --window lines at a time (default 4096), --parallel-windows of
-them at once (default 2), with a progress bar on stderr when it is a
+them at once (as kt-translate), with a progress bar on stderr when it is a
 terminal (--quiet: never). The translations can be
 kept with --hypotheses. --tokenized-bleu de adds the
 BLEU the Multi30k papers report (lowercased, punctuation-normalised,
@@ -32,6 +32,7 @@ from keras_transformer.cli.common import (
     check_engine,
     decoding_options,
     open_from_args,
+    parallel_windows,
     run_command,
     translation_parser,
 )
@@ -84,9 +85,8 @@ def evaluate(argv=None, stdout=None):
         parser.error("--batch-size must be at least 1")
     if args.window < 1:
         parser.error("--window must be at least 1")
-    if args.parallel_windows < 1:
-        parser.error("--parallel-windows must be at least 1")
     check_engine(parser, args)
+    args.parallel_windows = parallel_windows(parser, args)
     out = stdout or sys.stdout
     sources, references = count_lines(args.source), count_lines(args.reference)
     if sources != references:

@@ -36,8 +36,9 @@ sentences would translate badly as one. Not with --n-best or --scores.
 Big files: the input is read --window lines at a time (default 4096),
 each window sorted by length into full batches and written in input
 order, so memory does not grow with the input; --parallel-windows
-windows (default 2) are translated at once, each in a thread, which keeps a
-second core busy. A progress bar (lines,
+windows are translated at once, each in a thread (default 2 with
+TensorFlow's engine, which then keeps a second core busy; 1 with
+CTranslate2's and LiteRT's). A progress bar (lines,
 lines/s, time left) shows on stderr when it is a terminal (--quiet: never).
 With --output FILE, finished windows are kept in FILE.parts/ and FILE
 appears, complete, only at the end: a job that was killed resumes after
@@ -77,6 +78,7 @@ from keras_transformer.cli.common import (
     check_engine,
     decoding_options,
     open_from_args,
+    parallel_windows,
     run_command,
     translation_parser,
 )
@@ -122,9 +124,8 @@ def check_arguments(parser, args):
         parser.error("--batch-size must be at least 1")
     if args.window < 1:
         parser.error("--window must be at least 1")
-    if args.parallel_windows < 1:
-        parser.error("--parallel-windows must be at least 1")
     check_engine(parser, args)
+    args.parallel_windows = parallel_windows(parser, args)
     if args.engine == "litert":
         for flag, given in (("--n-best", args.n_best is not None),
                             ("--sampling", args.sampling)):
