@@ -94,6 +94,7 @@ def evaluate(argv=None, stdout=None):
     references = [r.decode("utf-8", "replace") for r in iter_lines(args.reference)]
     translator = open_from_args(args)
     options = decoding_options(args, translator)
+
     def translated(lines):
         found, _ = translator.translate(lines, batch_size=args.batch_size, **options)
         return [one_line(t) for t in found]
