@@ -137,7 +137,11 @@ def callees(node):
             yield attr.func.name
         yield from (f.name for f in attr.list.func)
 nodes = {node.name: node for node in graph.graph_def.node}
-out["reaches_xla"] = {}
+# The beam search every beam signature but translate_xla calls, held once.
+searches = {name for name in library if name.startswith("__inference__beam_search_")}
+out["beam_search_functions"] = len(searches)
+out["while_loops"] = sum(name.startswith("while_body") for name in library)
+out["reaches_xla"], out["reaches_search"] = {}, {}
 for name, signature in graph.signature_def.items():
     stack, seen = [], set()
     for tensor in signature.outputs.values():
@@ -150,6 +154,7 @@ for name, signature in graph.signature_def.items():
         for node in library[function].node_def:
             stack.extend(callees(node))
     out["reaches_xla"][name] = bool(seen & must_compile)
+    out["reaches_search"][name] = bool(seen & searches)
 # Inference traces no custom gradient, so no gradient function is saved
 # (nothing differentiates through a served model; tracing them is export time).
 out["gradient_functions"] = sorted(name for name in library if "grad_fn" in name)
@@ -396,6 +401,17 @@ def test_the_saved_model_has_the_named_signatures(fresh):
     # (beside TensorFlow's own `__saved_model_init_op`).
     assert [name for name in fresh["signatures"] if not name.startswith("__")] == sorted(
         SIGNATURES)
+
+
+def test_the_beam_signatures_share_one_search(fresh):
+    # One traced beam search, called by every beam signature but
+    # translate_xla (compiled on static shapes); with translate_xla's and
+    # translate_sample's, three while loops in the SavedModel, not seven.
+    assert fresh["beam_search_functions"] == 1
+    assert {name for name, reaches in fresh["reaches_search"].items() if reaches} == {
+        "serving_default", "translate_with_options", "translate_ids", "translate_nbest",
+        "translate_explain"}
+    assert fresh["while_loops"] == 3
 
 
 def test_export_traces_each_serving_function_once(exported):

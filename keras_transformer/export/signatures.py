@@ -76,6 +76,7 @@ def _option_spec(name):
 
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
 IDS_SPEC = tf.TensorSpec([None, None], tf.int32, name="source_ids")
+LENGTHS_SPEC = tf.TensorSpec([None], tf.int32, name="source_length")
 BEAM_SIZE_SPEC = _option_spec("beam_size")
 ALPHA_SPEC = _option_spec("alpha")
 EXTRA_LENGTH_SPEC = _option_spec("extra_length")
@@ -220,13 +221,30 @@ class TranslatorModule(tf.Module):
         lengths = tf.cast(tokens.row_lengths(), tf.int32)
         return tokens.to_tensor(default_value=config.pad_id), lengths, is_empty
 
+    @tf.function(input_signature=[IDS_SPEC, LENGTHS_SPEC, BEAM_SIZE_SPEC, ALPHA_SPEC,
+                                  EXTRA_LENGTH_SPEC], autograph=False)
+    def _beam_search(self, source_ids, lengths, beam_size, alpha, extra_length):
+        """`beam_search_translate` of padded `source_ids` `[batch, src_len]`
+        with their `lengths` `[batch]` (eos included): `(sequences [batch,
+        beam, len] int32, scores [batch, beam] float32)`. One function that
+        every beam signature but `translate_xla` calls (the defaults as
+        constants), so the search is traced once per export and held once
+        in the SavedModel."""
+        return beam_search_translate(
+            self.model, source_ids, beam_size, alpha, extra_length, source_length=lengths,
+            min_length=self.min_length)
+
+    def _search(self, source_ids, lengths, beam_size, alpha, extra_length):
+        """`_beam_search` with Python numbers or scalar tensors as options."""
+        return self._beam_search(
+            source_ids, lengths, tf.cast(beam_size, tf.int32), tf.cast(alpha, tf.float32),
+            tf.cast(extra_length, tf.int32))
+
     def _translate_tokens(self, tokens, beam_size, alpha, extra_length):
         """RaggedTensor of source tokens -> `(best ids [batch, len] int32
         (pad after the last token, eos removed), scores [batch])`."""
         source_ids, lengths, is_empty = self._source_ids(tokens)
-        sequences, scores = beam_search_translate(
-            self.model, source_ids, beam_size, alpha, extra_length, source_length=lengths,
-            min_length=self.min_length)
+        sequences, scores = self._search(source_ids, lengths, beam_size, alpha, extra_length)
         return self._best(sequences, scores, is_empty)
 
     def _best(self, sequences, scores, is_empty):
@@ -313,9 +331,7 @@ class TranslatorModule(tf.Module):
             n = tf.identity(n)
         _, tokens = self._tokens(text)
         source_ids, lengths, is_empty = self._source_ids(tokens)
-        sequences, scores = beam_search_translate(
-            self.model, source_ids, beam_size, alpha, extra_length, source_length=lengths,
-            min_length=self.min_length)
+        sequences, scores = self._search(source_ids, lengths, beam_size, alpha, extra_length)
         sequences, scores = self._cleaned(sequences[:, :n], scores[:, :n], is_empty)
         shape = tf.shape(sequences)
         texts = self._detokenize(tf.reshape(sequences, [-1, shape[2]]))
@@ -344,9 +360,7 @@ class TranslatorModule(tf.Module):
         beam_size, alpha, extra_length = self._checked_options(beam_size, alpha, extra_length)
         _, tokens = self._tokens(text)
         source_ids, lengths, is_empty = self._source_ids(tokens)
-        sequences, scores = beam_search_translate(
-            self.model, source_ids, beam_size, alpha, extra_length, source_length=lengths,
-            min_length=self.min_length)
+        sequences, scores = self._search(source_ids, lengths, beam_size, alpha, extra_length)
         best = sequences[:, 0]
         ids, score = self._best(sequences, scores, is_empty)
         explained = self._explain(source_ids, lengths, best, is_empty)
