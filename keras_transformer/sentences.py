@@ -10,6 +10,11 @@ zh, ja, ...).
 """
 
 import functools
+import threading
+
+# A pysbd Segmenter keeps the text it segments on itself: one thread at a
+# time (kt-translate translates two windows at once).
+_SEGMENTING = threading.Lock()
 
 
 @functools.lru_cache(maxsize=None)
@@ -33,7 +38,7 @@ def check_language(language):
 
 def split_sentences(text, language):
     """The sentences of `text` (str or UTF-8 bytes), stripped; `[]` for
-    a blank line.
+    a blank line. Thread-safe.
 
     Example:
     >>> split_sentences('Dr. Smith paid $3.50 for it. He said "Cheap!" Then he left.',
@@ -44,7 +49,10 @@ def split_sentences(text, language):
         text = text.decode("utf-8", "replace")
     if not text.strip():
         return []
-    return [s.strip() for s in _segmenter(language).segment(text) if s.strip()]
+    segmenter = _segmenter(language)
+    with _SEGMENTING:
+        found = segmenter.segment(text)
+    return [s.strip() for s in found if s.strip()]
 
 
 def translate_documents(translate, lines, language):

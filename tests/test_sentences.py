@@ -47,3 +47,33 @@ def test_an_unknown_language_is_refused_naming_the_known_ones():
     with pytest.raises(ValueError, match=r"no sentence splitter for language 'xx'; pysbd "
                                          r"knows .*\bde\b.*\ben\b"):
         sentences.check_language("xx")
+
+
+def test_two_threads_split_with_one_segmenter():
+    # kt-translate translates two windows at once; pysbd's Segmenter keeps
+    # the text it segments on itself, so unguarded the threads' texts mix.
+    import sys
+    import threading
+
+    texts = ["Mr. Jones is here. He waits. Then he leaves.", "One. Two? Three!",
+             "Dr. Smith paid $3.50 for it. He said \"Cheap!\" Then he left."]
+    expected = [sentences.split_sentences(text, "en") for text in texts]
+    wrong = []
+
+    def split(text, want):
+        for _ in range(200):
+            got = sentences.split_sentences(text, "en")
+            if got != want:
+                wrong.append(got)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as Python can
+    try:
+        threads = [threading.Thread(target=split, args=pair) for pair in zip(texts, expected)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert wrong == []
