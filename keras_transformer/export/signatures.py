@@ -229,22 +229,18 @@ class TranslatorModule(tf.Module):
         beam, len] int32, scores [batch, beam] float32)`. One function that
         every beam signature but `translate_xla` calls (the defaults as
         constants), so the search is traced once per export and held once
-        in the SavedModel."""
+        in the SavedModel. Options: Python numbers or scalar tensors of the
+        specs' dtypes."""
         return beam_search_translate(
             self.model, source_ids, beam_size, alpha, extra_length, source_length=lengths,
             min_length=self.min_length)
-
-    def _search(self, source_ids, lengths, beam_size, alpha, extra_length):
-        """`_beam_search` with Python numbers or scalar tensors as options."""
-        return self._beam_search(
-            source_ids, lengths, tf.cast(beam_size, tf.int32), tf.cast(alpha, tf.float32),
-            tf.cast(extra_length, tf.int32))
 
     def _translate_tokens(self, tokens, beam_size, alpha, extra_length):
         """RaggedTensor of source tokens -> `(best ids [batch, len] int32
         (pad after the last token, eos removed), scores [batch])`."""
         source_ids, lengths, is_empty = self._source_ids(tokens)
-        sequences, scores = self._search(source_ids, lengths, beam_size, alpha, extra_length)
+        sequences, scores = self._beam_search(source_ids, lengths, beam_size, alpha,
+                                               extra_length)
         return self._best(sequences, scores, is_empty)
 
     def _best(self, sequences, scores, is_empty):
@@ -331,7 +327,8 @@ class TranslatorModule(tf.Module):
             n = tf.identity(n)
         _, tokens = self._tokens(text)
         source_ids, lengths, is_empty = self._source_ids(tokens)
-        sequences, scores = self._search(source_ids, lengths, beam_size, alpha, extra_length)
+        sequences, scores = self._beam_search(source_ids, lengths, beam_size, alpha,
+                                               extra_length)
         sequences, scores = self._cleaned(sequences[:, :n], scores[:, :n], is_empty)
         shape = tf.shape(sequences)
         texts = self._detokenize(tf.reshape(sequences, [-1, shape[2]]))
@@ -360,7 +357,8 @@ class TranslatorModule(tf.Module):
         beam_size, alpha, extra_length = self._checked_options(beam_size, alpha, extra_length)
         _, tokens = self._tokens(text)
         source_ids, lengths, is_empty = self._source_ids(tokens)
-        sequences, scores = self._search(source_ids, lengths, beam_size, alpha, extra_length)
+        sequences, scores = self._beam_search(source_ids, lengths, beam_size, alpha,
+                                               extra_length)
         best = sequences[:, 0]
         ids, score = self._best(sequences, scores, is_empty)
         explained = self._explain(source_ids, lengths, best, is_empty)
