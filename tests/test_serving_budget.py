@@ -130,12 +130,11 @@ def test_chunked_answers_equal_the_whole_request(tmp_path):
 def test_a_client_that_goes_away_cancels_its_work():
     cancelled = []
 
-    class Request:
-        method, url = "POST", type("U", (), {"path": "/v1/models/m:predict"})()
+    scope = {"method": "POST", "path": "/v1/models/m:predict"}
 
-        async def receive(self):
-            await asyncio.sleep(0.05)
-            return {"type": "http.disconnect"}
+    async def receive():
+        await asyncio.sleep(0.05)
+        return {"type": "http.disconnect"}
 
     async def long_work():
         try:
@@ -147,7 +146,7 @@ def test_a_client_that_goes_away_cancels_its_work():
     async def ask():
         start = time.monotonic()
         with pytest.raises(ClientDisconnect):
-            await app_module._unless_disconnected(Request(), long_work())
+            await app_module._unless_disconnected(scope, receive, long_work())
         return time.monotonic() - start
 
     assert asyncio.run(ask()) < 1 and cancelled == [True]

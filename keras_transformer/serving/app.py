@@ -82,6 +82,7 @@ def status_code_name(status):
 # answering while a big one parses.
 INLINE_BYTES = 16 * 1024
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+_MODELS_PREFIX = "/v1/models/"
 _BATCHING_PATH = re.compile(r"(?P<name>[^/:]+)/batching")
 
 
@@ -164,7 +165,7 @@ class ServingApp:
             routes=routes,
             exception_handlers={HTTPException: self._http_error, Exception: self._crash},
         )
-        self.app = _ConcurrencyLimit(starlette, self)
+        self.app = _FrontDoor(starlette, self)
 
     @property
     def model_name(self):
@@ -258,9 +259,8 @@ class ServingApp:
         version = int(match.group("version")) if match.group("version") else None
         label = match.group("label")
         if match.group("predict"):
-            if method != "POST":
-                return self._not_allowed(request, "POST")
-            return await self._predict(request, name, version, label)
+            # A POST goes to `predict` before Starlette (`_FrontDoor`).
+            return self._not_allowed(request, "POST")
         if method not in ("GET", "HEAD"):
             return self._not_allowed(request, "GET")
         try:
@@ -335,27 +335,49 @@ class ServingApp:
             return json_response({"enabled": False})
         return json_response({"enabled": True, **self.batcher.statistics()})
 
-    async def _predict(self, request, name, version, label):
+    def predict_path(self, path):
+        """`(name, version, label)` of a predict URL path
+        (`/v1/models/<name>[/versions/<v>|/labels/<l>]:predict`), else
+        None."""
+        if not path.startswith(_MODELS_PREFIX):
+            return None
+        match = _MODEL_PATH.fullmatch(path, len(_MODELS_PREFIX))
+        if match is None or not match.group("predict"):
+            return None
+        version = match.group("version")
+        return match.group("name"), int(version) if version else None, match.group("label")
+
+    async def predict(self, scope, receive, send, name, version, label):
+        """Answers a predict POST (an ASGI request; `predict_path`'s
+        parts): TF Serving's answer or JSON error, and its metrics. The
+        path every translation takes, so it speaks ASGI directly rather
+        than through Starlette's request and response objects."""
         start = time.monotonic()
         status = 500  # until answered otherwise
         try:
-            servable = self.servable(name, version, label)
-            body = await self._read_body(request)
-            parsed = await self._off_loop(len(body), _parse, body, servable.specs,
-                                          self.request_limits.max_request_sentences)
-            outputs = await _unless_disconnected(
-                request, self.run_predict(servable, name, parsed.signature_name,
-                                          parsed.inputs, start))
-            rows = max((np.size(v) for v in outputs.values()), default=0)
-            answer = await self._off_loop(rows * 64, _answer, outputs, parsed.row_format)
-            status = 200
-            return Response(answer, 200, media_type="application/json")
+            try:
+                servable = self.servable(name, version, label)
+                body = await self._read_body(scope, receive)
+                parsed = await self._off_loop(len(body), _parse, body, servable.specs,
+                                              self.request_limits.max_request_sentences)
+                outputs = await _unless_disconnected(
+                    scope, receive, self.run_predict(servable, name, parsed.signature_name,
+                                                     parsed.inputs, start))
+                rows = max((np.size(v) for v in outputs.values()), default=0)
+                answer = await self._off_loop(rows * 64, _answer, outputs, parsed.row_format)
+                status = 200
+            except RestError as e:
+                status = e.status
+                answer = rest_api.dumps({"error": e.message})
+            await _send_json(send, status, answer)
         except ClientDisconnect:
             status = 499
-            raise
-        except RestError as e:
-            status = e.status
-            return error_response(e.message, e.status)
+            LOGGER.info("The client of POST %s went away before its answer", scope["path"])
+            await _send_json(send, 499, b"")
+        except Exception as error:  # a 500 with the traceback logged, never a hang
+            LOGGER.error("Unexpected error answering POST %s", scope["path"], exc_info=error)
+            await _send_json(send, 500, rest_api.dumps(
+                {"error": f"Internal error: {type(error).__name__}: {error}"}))
         finally:
             self.metrics.observe_request(self.metrics_model_name(name),
                                          status_code_name(status),
@@ -452,26 +474,32 @@ class ServingApp:
     def _dequeued(self, _):
         self._enqueued -= 1
 
-    async def _read_body(self, request):
-        """The body, refusing (413) one over `max_request_bytes` before
-        reading it when its Content-Length says so, else as soon as it
-        grows past the limit, and (408) one that takes longer than
-        `body_timeout` to arrive."""
+    async def _read_body(self, scope, receive):
+        """The body of an ASGI request, refusing (413) one over
+        `max_request_bytes` before reading it when its Content-Length says
+        so, else as soon as it grows past the limit, and (408) one that
+        takes longer than `body_timeout` to arrive. Raises
+        `ClientDisconnect` if the client leaves first."""
         limit = self.max_request_bytes
-        declared = request.headers.get("content-length")
+        declared = _header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise RestError(f"The request body has {int(declared)} bytes, over the limit of "
                             f"{limit} (--max-request-bytes).", 413)
 
         async def read():
             chunks, size = [], 0
-            async for chunk in request.stream():
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientDisconnect()
+                chunk = message.get("body", b"")
                 size += len(chunk)
                 if size > limit:
                     raise RestError(f"The request body has more than {limit} bytes, the "
                                     "limit (--max-request-bytes).", 413)
                 chunks.append(chunk)
-            return b"".join(chunks)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
 
         try:
             return await _within(read(), self.body_timeout)
@@ -480,9 +508,10 @@ class ServingApp:
                             "(--request-body-timeout-seconds).", 408) from None
 
 
-class _ConcurrencyLimit:
+class _FrontDoor:
     """ASGI middleware: at most `max_concurrent_requests` HTTP requests in
-    flight; one more gets a JSON 503 at once."""
+    flight (one more gets a JSON 503 at once); then a predict POST goes to
+    `ServingApp.predict`, every other request to Starlette."""
 
     def __init__(self, app, owner):
         self.app = app
@@ -499,9 +528,32 @@ class _ConcurrencyLimit:
             return await response(scope, receive, send)
         owner._in_flight += 1
         try:
-            await self.app(scope, receive, send)
+            predict = scope["method"] == "POST" and owner.predict_path(scope["path"])
+            if predict:
+                await owner.predict(scope, receive, send, *predict)
+            else:
+                await self.app(scope, receive, send)
         finally:
             owner._in_flight -= 1
+
+
+def _header(scope, name):
+    """The first value of header `name` (lowercase bytes) of an ASGI
+    request, as text, or None."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+async def _send_json(send, status, body):
+    """An ASGI response: `status` with the JSON `body` (bytes; none when
+    empty)."""
+    headers = [(b"content-length", str(len(body)).encode())]
+    if body:
+        headers.append((b"content-type", b"application/json"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _within(awaitable, seconds):
@@ -517,10 +569,10 @@ async def _within(awaitable, seconds):
 _TIMEOUT = getattr(asyncio, "timeout", None)
 
 
-async def _unless_disconnected(request, coroutine):
+async def _unless_disconnected(scope, receive, coroutine):
     """Awaits `coroutine` in the current task, cancelling it (and raising
-    `ClientDisconnect`) if the client closes its connection first: a
-    request's body has been read, so the next ASGI message is the
+    `ClientDisconnect`) if the client of ASGI request `scope` closes its
+    connection first: its body has been read, so the next ASGI message is the
     disconnect. The watch is a callback on one `receive()`, not a second
     task to wait beside the work."""
     task = asyncio.current_task()
@@ -532,7 +584,7 @@ async def _unless_disconnected(request, coroutine):
             gone.append(True)
             task.cancel()
 
-    watch = asyncio.ensure_future(request.receive())
+    watch = asyncio.ensure_future(receive())
     watch.add_done_callback(watch_done)
     try:
         return await coroutine
@@ -542,7 +594,7 @@ async def _unless_disconnected(request, coroutine):
         if hasattr(task, "uncancel"):  # Python 3.11: this cancel is handled here
             task.uncancel()
         LOGGER.info("The client of %s %s went away; its remaining work is cancelled",
-                    request.method, request.url.path)
+                    scope["method"], scope["path"])
         raise ClientDisconnect() from None
     finally:
         watch.remove_done_callback(watch_done)
