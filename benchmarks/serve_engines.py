@@ -23,7 +23,10 @@ run's search defaults. Then:
    connection); sentences/s of each over `--overhead-rounds` rounds, each
    request sent the four ways in turn (in an order that rotates). The
    ratios to the floor are the medians of per-round ratios; the
-   translations of the four are compared.
+   translations of the four are compared. With `--baseline REV`, kt-serve
+   at commit REV (its `keras_transformer/`, from `git archive`) is a fifth
+   contender, so a change to the server is measured against its parent in
+   the same rounds.
 3. Load: `--clients` clients send requests of one to four test sentences
    (`--requests` per round) to kt-serve on the SavedModel and to kt-serve on
    the int8 version, both with --enable-batching, alternating rounds:
@@ -38,10 +41,13 @@ but 4. The result goes to
 
 import argparse
 import concurrent.futures
+import io
 import json
 import os
 import random
 import statistics
+import subprocess
+import tarfile
 import tempfile
 import threading
 import time
@@ -251,40 +257,61 @@ def start_plain_server(model_dir, threads):
 
 def measure_overhead(args, int8_base, int8_dir, sentences):
     """Part 2: CTranslate2 and SentencePiece alone, `CTranslate2Translator`,
-    kt-serve on the int8 version and the plainest HTTP server around
-    CTranslate2 alone (`benchmarks/plain_http_server.py`), each batch the
-    four ways in turn (`overhead_round`)."""
+    kt-serve on the int8 version, the plainest HTTP server around
+    CTranslate2 alone (`benchmarks/plain_http_server.py`) and, with
+    `args.baseline`, kt-serve at that commit: each batch every way in turn
+    (`overhead_round`)."""
     from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
 
-    plain, url = tiny_serving.start_server([
-        "--model-name", "m", "--model-base-path", int8_base, "--ctranslate2-threads",
-        str(args.ctranslate2_threads)])
-    floor, floor_url = start_plain_server(int8_dir, args.ctranslate2_threads)
-    translator = CTranslate2Translator(int8_dir, intra_threads=args.ctranslate2_threads)
-    raw = RawCTranslate2(int8_dir, args.ctranslate2_threads)
+    serve_argv = ["--model-name", "m", "--model-base-path", int8_base,
+                  "--ctranslate2-threads", str(args.ctranslate2_threads)]
+    servers, urls, floor = [], {}, None
+    with tempfile.TemporaryDirectory(prefix="kt-serve-baseline-") as package:
+        try:
+            process, url = tiny_serving.start_server(serve_argv)
+            servers.append(process)
+            urls["kt_serve"] = f"{url}/v1/models/m:predict"
+            floor, urls["plain_http"] = start_plain_server(int8_dir, args.ctranslate2_threads)
+            servers.append(floor)
+            if args.baseline:
+                archive = subprocess.run(["git", "archive", args.baseline, "keras_transformer"],
+                                         cwd=tiny_serving.ROOT, capture_output=True, check=True)
+                tarfile.open(fileobj=io.BytesIO(archive.stdout)).extractall(package)
+                process, url = tiny_serving.start_server(serve_argv,
+                                                         env={"PYTHONPATH": package})
+                servers.append(process)
+                urls["kt_serve_baseline"] = f"{url}/v1/models/m:predict"
+            return _overhead_rounds(args, urls, CTranslate2Translator(
+                int8_dir, intra_threads=args.ctranslate2_threads),
+                RawCTranslate2(int8_dir, args.ctranslate2_threads), sentences)
+        finally:
+            for server in servers:
+                if server is floor:
+                    floor.kill()
+                    floor.wait()
+                else:
+                    tiny_serving.stop_server(server)
+
+
+def _overhead_rounds(args, urls, translator, raw, sentences):
     engines = {"raw": raw.translate, "translator": lambda batch: translator.translate(batch)[0]}
     rng = random.Random(0)
     batches = [rng.sample(sentences, args.batch) for _ in range(args.batches)]
-    urls = {"kt_serve": f"{url}/v1/models/m:predict", "plain_http": floor_url}
-    names = ["raw", "translator", "kt_serve", "plain_http"]
+    names = ["raw", "translator", *urls]
     ratios = [f"{name}_over_raw" for name in names[1:]]
-    overhead_round(urls, engines, batches[:3])  # warm all four
+    overhead_round(urls, engines, batches[:3])  # warm them all
     rounds, identical = [], {}
-    try:
-        for r in range(args.overhead_rounds):
-            rates, translations = overhead_round(urls, engines, batches, first=r)
-            rounds.append({**rates, **{f"{name}_over_raw": rates[name] / rates["raw"]
-                                       for name in names[1:]}})
-            for name in names[1:]:
-                same = sum(a == b for a, b in zip(translations["raw"], translations[name]))
-                identical[name] = min(identical.get(name, same), same)
-            print(f"overhead round {r}: " + ", ".join(
-                f"{name} {rates[name]:.0f}" for name in names) + " sentences/s", flush=True)
-    finally:
-        tiny_serving.stop_server(plain)
-        floor.kill()
-        floor.wait()
+    for r in range(args.overhead_rounds):
+        rates, translations = overhead_round(urls, engines, batches, first=r)
+        rounds.append({**rates, **{f"{name}_over_raw": rates[name] / rates["raw"]
+                                   for name in names[1:]}})
+        for name in names[1:]:
+            same = sum(a == b for a, b in zip(translations["raw"], translations[name]))
+            identical[name] = min(identical.get(name, same), same)
+        print(f"overhead round {r}: " + ", ".join(
+            f"{name} {rates[name]:.0f}" for name in names) + " sentences/s", flush=True)
     return {"rounds": rounds, "batch": args.batch, "batches": args.batches,
+            "baseline": args.baseline,
             "sentences_per_round": args.batch * args.batches,
             "identical_to_raw": {**identical, "of": args.batch * args.batches},
             **{f"{name}_median": statistics.median(r[name] for r in rounds) for name in names},
@@ -337,6 +364,8 @@ def main(argv=None):
     parser.add_argument("--overhead-rounds", type=int, default=12)
     parser.add_argument("--singles", type=int, default=40)
     parser.add_argument("--ctranslate2-threads", type=int, default=1)
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also time kt-serve at this commit in the overhead part")
     parser.add_argument("--parts", default="match,overhead,load,threads",
                         help="which of the four parts to run (comma-separated)")
     parser.add_argument("--json")
@@ -379,7 +408,10 @@ def main(argv=None):
         print(f"overhead: against CTranslate2 and SentencePiece alone, sentences/s: "
               f"CTranslate2Translator {overhead['translator_over_raw_median']:.3f}, "
               f"kt-serve {overhead['kt_serve_over_raw_median']:.3f}, the plainest HTTP "
-              f"server {overhead['plain_http_over_raw_median']:.3f}")
+              f"server {overhead['plain_http_over_raw_median']:.3f}"
+              + (f", kt-serve at {args.baseline} "
+                 f"{overhead['kt_serve_baseline_over_raw_median']:.3f}"
+                 if args.baseline else ""))
     if "load" in report:
         print(f"load: kt-serve on CTranslate2 int8 / on the SavedModel, sentences/s: "
               f"{report['load']['ratio_median']:.3f}")

@@ -128,7 +128,7 @@ def _command():
     return [sys.executable, "-m", "keras_transformer.cli.serve"]
 
 
-def start_server(argv, timeout=120):
+def start_server(argv, timeout=120, env=None):
     """Starts `kt-serve <argv> --rest-api-port 0` (CPU only, TensorFlow's
     info lines off) and waits for its ready line.
 
@@ -138,13 +138,17 @@ def start_server(argv, timeout=120):
     `stop_server`, which removes it and keeps its text in
     `process.stderr_text`.
 
+    `env`: variables added to the server's environment (e.g. PYTHONPATH
+    naming another commit's package).
+
     Raises: `RuntimeError` with the server's stderr if it exits or stays
     silent for `timeout` seconds.
     """
     with tempfile.NamedTemporaryFile(prefix="kt-serve-", suffix=".log",
                                      delete=False) as stderr:
         process = subprocess.Popen(
-            _command() + list(argv) + ["--rest-api-port", "0"], cwd=ROOT, env=ENV,
+            _command() + list(argv) + ["--rest-api-port", "0"], cwd=ROOT,
+            env={**ENV, **(env or {})},
             stdout=subprocess.PIPE, stderr=stderr, text=True)
     process.stderr_path = stderr.name
     lines = queue.Queue()
