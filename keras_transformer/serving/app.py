@@ -40,6 +40,7 @@ import time
 
 import numpy as np
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import FileResponse, Response
@@ -157,7 +158,7 @@ class ServingApp:
             Route("/playground/info", self.playground_info, methods=["GET"]),
             Route("/playground/{file}", self.playground_file, methods=["GET"]),
             # Every method: a wrong one gets TF Serving's JSON error (405).
-            Route("/v1/models/{path:path}", self.models_endpoint, methods=_ALL_METHODS),
+            Route(_MODELS_PREFIX + "{path:path}", self.models_endpoint, methods=_ALL_METHODS),
         ]
         if metrics_path:
             routes.append(Route(metrics_path, self.prometheus, methods=["GET"]))
@@ -186,9 +187,7 @@ class ServingApp:
                               error.status_code, getattr(error, "headers", None))
 
     async def _crash(self, request, error):
-        LOGGER.error("Unexpected error answering %s %s", request.method, request.url.path,
-                     exc_info=error)
-        return error_response(f"Internal error: {type(error).__name__}: {error}", 500)
+        return _internal_error(request.method, request.url.path, error)
 
     # Playground and metrics ---------------------------------------------------
 
@@ -233,10 +232,6 @@ class ServingApp:
     async def models_endpoint(self, request):
         try:
             return await self._models(request)
-        except ClientDisconnect:
-            LOGGER.info("The client of %s %s went away before its answer",
-                        request.method, request.url.path)
-            return Response(status_code=499)
         except Exception as error:  # a 500 with the traceback logged, never a hang
             return await self._crash(request, error)
 
@@ -350,38 +345,36 @@ class ServingApp:
     async def predict(self, scope, receive, send, name, version, label):
         """Answers a predict POST (an ASGI request; `predict_path`'s
         parts): TF Serving's answer or JSON error, and its metrics. The
-        path every translation takes, so it speaks ASGI directly rather
-        than through Starlette's request and response objects."""
+        path every translation takes, so it is called before Starlette's
+        middleware and router and reads the body from `receive` directly."""
         start = time.monotonic()
         status = 500  # until answered otherwise
         try:
-            try:
-                servable = self.servable(name, version, label)
-                body = await self._read_body(scope, receive)
-                parsed = await self._off_loop(len(body), _parse, body, servable.specs,
-                                              self.request_limits.max_request_sentences)
-                outputs = await _unless_disconnected(
-                    scope, receive, self.run_predict(servable, name, parsed.signature_name,
-                                                     parsed.inputs, start))
-                rows = max((np.size(v) for v in outputs.values()), default=0)
-                answer = await self._off_loop(rows * 64, _answer, outputs, parsed.row_format)
-                status = 200
-            except RestError as e:
-                status = e.status
-                answer = rest_api.dumps({"error": e.message})
-            await _send_json(send, status, answer)
+            servable = self.servable(name, version, label)
+            body = await self._read_body(scope, receive)
+            parsed = await self._off_loop(len(body), _parse, body, servable.specs,
+                                          self.request_limits.max_request_sentences)
+            outputs = await _unless_disconnected(
+                scope, receive, self.run_predict(servable, name, parsed.signature_name,
+                                                 parsed.inputs, start))
+            rows = max((np.size(v) for v in outputs.values()), default=0)
+            answer = await self._off_loop(rows * 64, _answer, outputs, parsed.row_format)
+            status = 200
+            response = Response(answer, 200, media_type="application/json")
+        except RestError as e:
+            status = e.status
+            response = error_response(e.message, e.status)
         except ClientDisconnect:
             status = 499
             LOGGER.info("The client of POST %s went away before its answer", scope["path"])
-            await _send_json(send, 499, b"")
+            response = Response(status_code=499)
         except Exception as error:  # a 500 with the traceback logged, never a hang
-            LOGGER.error("Unexpected error answering POST %s", scope["path"], exc_info=error)
-            await _send_json(send, 500, rest_api.dumps(
-                {"error": f"Internal error: {type(error).__name__}: {error}"}))
+            response = _internal_error("POST", scope["path"], error)
         finally:
             self.metrics.observe_request(self.metrics_model_name(name),
                                          status_code_name(status),
                                          (time.monotonic() - start) * 1e6, "REST")
+        await response(scope, receive, send)
 
     async def _off_loop(self, size, function, *args):
         """`function(*args)`, on a worker thread when `size` (bytes, about)
@@ -481,7 +474,7 @@ class ServingApp:
         takes longer than `body_timeout` to arrive. Raises
         `ClientDisconnect` if the client leaves first."""
         limit = self.max_request_bytes
-        declared = _header(scope, b"content-length")
+        declared = Headers(scope=scope).get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise RestError(f"The request body has {int(declared)} bytes, over the limit of "
                             f"{limit} (--max-request-bytes).", 413)
@@ -537,23 +530,11 @@ class _FrontDoor:
             owner._in_flight -= 1
 
 
-def _header(scope, name):
-    """The first value of header `name` (lowercase bytes) of an ASGI
-    request, as text, or None."""
-    for key, value in scope["headers"]:
-        if key == name:
-            return value.decode("latin-1")
-    return None
-
-
-async def _send_json(send, status, body):
-    """An ASGI response: `status` with the JSON `body` (bytes; none when
-    empty)."""
-    headers = [(b"content-length", str(len(body)).encode())]
-    if body:
-        headers.append((b"content-type", b"application/json"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+def _internal_error(method, path, error):
+    """A 500 with the exception in TF Serving's JSON error, its traceback
+    logged."""
+    LOGGER.error("Unexpected error answering %s %s", method, path, exc_info=error)
+    return error_response(f"Internal error: {type(error).__name__}: {error}", 500)
 
 
 async def _within(awaitable, seconds):
