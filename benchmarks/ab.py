@@ -11,15 +11,9 @@ no number, or what it gained.
     python -m benchmarks ab --baseline HEAD~1 --what train --precision mixed_bfloat16
 """
 
-import argparse
 import importlib.util
-import io
-import json
 import os
-import statistics
-import subprocess
 import sys
-import tarfile
 import tempfile
 
 import keras
@@ -27,9 +21,10 @@ import numpy as np
 import tensorflow as tf
 
 import keras_transformer
-from benchmarks import provenance
+from benchmarks import harness
 from benchmarks.bench_config import TRANSLATE_SHAPE, make_config, random_ids
-from benchmarks.speed import time_rounds, train_batch
+from benchmarks.harness import time_rounds
+from benchmarks.speed import train_batch
 
 BASELINE_NAME = "kt_baseline"
 
@@ -39,11 +34,7 @@ def import_baseline(revision, directory):
     `kt_baseline` from a copy under `directory` in which every
     `keras_transformer` (imports and Keras registration names) reads
     `kt_baseline`."""
-    archive = subprocess.run(["git", "archive", revision, "keras_transformer"],
-                             cwd=provenance.ROOT, capture_output=True, check=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(directory, filter="data")
-    source = os.path.join(directory, "keras_transformer")
+    source = harness.extract_package(revision, directory)
     target = os.path.join(directory, BASELINE_NAME)
     os.rename(source, target)
     for folder, _, files in os.walk(target):
@@ -94,12 +85,10 @@ class Side:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--baseline", required=True, help="a git revision of this repository")
     parser.add_argument("--config", default="bench")
-    parser.add_argument("--precision", default="float32",
-                        choices=["float32", "mixed_bfloat16", "mixed_float16"])
+    parser.add_argument("--precision", default="float32", choices=harness.PRECISIONS)
     parser.add_argument("--what", default="train,translate",
                         help="comma-separated subset of train,translate")
     parser.add_argument("--rounds", type=int, default=5)
@@ -107,16 +96,14 @@ def main(argv=None):
     parser.add_argument("--translate-repeats", type=int, default=2)
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
-    what = set(args.what.split(","))
-    if what - {"train", "translate"}:
-        parser.error(f"unknown --what {sorted(what - {'train', 'translate'})}")
+    what = harness.parts(parser, args.what, ["train", "translate"])
     config = make_config(args.config)
     with tempfile.TemporaryDirectory() as directory:
         baseline = import_baseline(args.baseline, directory)
         sides = {"baseline": Side(baseline, config, args.precision, seed=0),
                  "this": Side(keras_transformer, config, args.precision, seed=0)}
-        report = {**provenance.record(), "baseline": args.baseline,
-                  "matmul_kernels": provenance.matmul_kernels(), "config": args.config,
+        report = {**harness.record(), "baseline": args.baseline,
+                  "matmul_kernels": harness.matmul_kernels(), "config": args.config,
                   "precision": args.precision,
                   "same_initial_weights": _same(sides["baseline"].weights(),
                                                 sides["this"].weights())}
@@ -147,9 +134,7 @@ def main(argv=None):
             print(f"{key}: this / baseline speed {r['speed_ratio']['median']:.3f}x "
                   f"({min(r['speed_ratio']['rounds']):.3f}-{max(r['speed_ratio']['rounds']):.3f})"
                   f"; " + ", ".join(f"{k} {v}" for k, v in r.items() if k.startswith("same")))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    harness.write_json(report, args.json)
     return report
 
 
@@ -159,6 +144,5 @@ def _same(arrays, others):
 
 
 def _compare(times):
-    ratios = [base / this for base, this in zip(times["baseline"], times["this"])]
-    return {"s_per_call": times, "speed_ratio": {"median": statistics.median(ratios),
-                                                 "rounds": ratios}}
+    return {"s_per_call": times, "speed_ratio": harness.ratios(times["baseline"],
+                                                               times["this"])}

@@ -1,7 +1,12 @@
 """The shared bench configuration and shapes (issue "Performance"), and the
 helpers both throughput benchmarks use: `speed.py` (TensorFlow, beside
 Model Garden) and `jax_benchmark.py` (JAX, no TensorFlow). No TensorFlow
-here."""
+here.
+
+Model FLOP counts turn tokens/s into a fraction of the machine's matmul
+peak. They count multiply-adds as 2 FLOPs and only the matrix products
+(what dominates; softmax, norms and elementwise ops are left out), as
+model-FLOP-utilisation figures usually do."""
 
 import json
 
@@ -44,3 +49,23 @@ def random_ids(config, batch, length, seed):
 def peak_dtype(precision):
     """The dtype a precision policy multiplies in."""
     return {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}.get(precision, "float32")
+
+
+def forward_flops(config, batch, source_length, target_length):
+    """FLOPs of one forward pass over `batch` pairs of the given lengths."""
+    d, f, s, t = config.d_model, config.d_ff, source_length, target_length
+    encoder_layer = 8 * s * d * d + 4 * s * s * d + 4 * s * d * f
+    decoder_layer = (
+        8 * t * d * d + 4 * t * t * d  # masked self-attention
+        + 4 * t * d * d + 4 * s * d * d + 4 * t * s * d  # encoder-decoder attention
+        + 4 * t * d * f  # feed-forward
+    )
+    projection = 2 * t * d * config.output_vocab_size
+    per_pair = (config.num_layers * encoder_layer
+                + config.decoder_layers * decoder_layer + projection)
+    return batch * per_pair
+
+
+def training_flops(config, batch, source_length, target_length):
+    """Forward + backward (the backward pass costs about twice the forward)."""
+    return 3 * forward_flops(config, batch, source_length, target_length)

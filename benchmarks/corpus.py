@@ -21,7 +21,6 @@ sentences, all different (up to 100,000). The two runs alternate over
 `--rounds`.
 """
 
-import argparse
 import json
 import os
 import signal
@@ -31,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import provenance
+from benchmarks import harness
 
 
 def write_input(path, lines, distinct=100_000):
@@ -139,8 +138,7 @@ def beam_rounds(args, flags, small, work, streaming):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks corpus",
-                                     description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser = harness.parser(__doc__, prog="python -m benchmarks corpus")
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--run-dir")
     model.add_argument("--saved-model")
@@ -206,10 +204,10 @@ def main(argv=None):
         rounds = beam_rounds(args, flags, small, work, streaming)
         document["beam_rounds"] = rounds
         document["beam_over_streaming_median"] = statistics.median(r["ratio"] for r in rounds)
-    fields = provenance.record()
+    fields = harness.record()
     document = {**fields, **document}
     print(json.dumps({k: v for k, v in document.items() if k.endswith(("median", "growth_mib"))}))
-    provenance.write_result(document, fields, "corpus", args.json)
+    harness.write_result(document, fields, "corpus", args.json)
 
 
 if __name__ == "__main__":

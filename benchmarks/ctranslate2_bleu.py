@@ -32,6 +32,8 @@ import sys
 import tempfile
 import time
 
+from benchmarks import harness
+
 # name -> (engine, beam size, alpha, what it is compared with)
 SEARCHES = {
     "package_beam4_gnmt0.6": ("package", 4, 0.6, None),
@@ -85,8 +87,7 @@ def load_test_set(run, args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--run-dir", required=True, help="the trained run directory")
     parser.add_argument("--checkpoint", default="auto",
                         help="which weights, as kt-export's --checkpoint (default: auto)")
@@ -108,7 +109,6 @@ def main(argv=None):
     if bool(args.source) != bool(args.reference):
         parser.error("--source and --reference go together")
 
-    from benchmarks import provenance
     from keras_transformer.evaluation import score_translations
     from keras_transformer.export import Translator
     from keras_transformer.export.ctranslate2 import export_ctranslate2
@@ -174,7 +174,7 @@ def main(argv=None):
             print(f"{name:26s} BLEU {scores['bleu']:6.2f}  chrF {scores['chrf']:6.2f}  "
                   f"{seconds:7.1f} s" + (f"  same as {compared}: {same}/{len(texts)}"
                                          if compared else ""), flush=True)
-    record = provenance.record("python -m benchmarks ctranslate2-bleu "
+    record = harness.record("python -m benchmarks ctranslate2-bleu "
                                + " ".join(argv if argv is not None else sys.argv[1:]))
     import ctranslate2
 
@@ -192,7 +192,7 @@ def main(argv=None):
         "figures": figures,
         "note": NOTE,
     }
-    provenance.write_result(result, record, "ctranslate2-bleu", args.json)
+    harness.write_result(result, record, "ctranslate2-bleu", args.json)
 
 
 if __name__ == "__main__":

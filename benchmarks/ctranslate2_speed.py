@@ -31,7 +31,6 @@ that runs to the limit the two do the same work.
 The result goes to `benchmarks/results/<cpu>_<date>_<commit>_ctranslate2-speed.json`.
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -43,7 +42,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from benchmarks import provenance
+from benchmarks import harness
 from benchmarks.bench_config import TRANSLATE_SHAPE, make_config
 from benchmarks.speed import bench_tokenizer_and_sentences
 
@@ -137,11 +136,8 @@ def time_saved_model(serve, batch, singles, repeats):
     for _ in range(repeats):
         serve(text=tf.constant(batch))["translation"].numpy()
     seconds = time.perf_counter() - start
-    latencies = []
-    for text in singles:
-        start = time.perf_counter()
-        serve(text=tf.constant([text]))["translation"].numpy()
-        latencies.append(time.perf_counter() - start)
+    latencies = harness.seconds_each(
+        lambda text: serve(text=tf.constant([text]))["translation"].numpy(), singles)
     return repeats * len(batch) / seconds, latencies
 
 
@@ -174,23 +170,19 @@ def measure(config_name, args):
             for text in singles:
                 serve(text=tf.constant([text]))
         rounds = []
-        for r in range(args.rounds):
+        for r, order in harness.flipped(("ours", "theirs"), args.rounds):
             this_round = {}
-
-            def ours():
-                for name, serve in serves.items():
-                    this_round[name] = time_saved_model(serve, sentences, singles,
-                                                        args.repeats)
-
-            def theirs():
+            for side in order:
+                if side == "ours":
+                    for name, serve in serves.items():
+                        this_round[name] = time_saved_model(serve, sentences, singles,
+                                                            args.repeats)
+                    continue
                 timed = time_ctranslate2(engines, spm, sentences, singles, args.repeats,
                                          args.threads)
                 for quantization, result in timed.items():
                     this_round[f"ctranslate2_{quantization}"] = (
                         result["sentences_per_s"], result["latencies_s"])
-
-            for step in ((ours, theirs) if r % 2 == 0 else (theirs, ours)):
-                step()
             rounds.append(this_round)
             print(f"  {config_name} round {r}: " + ", ".join(
                 f"{name} {v[0]:.1f}/s p50 {1000 * np.median(v[1]):.1f} ms"
@@ -246,9 +238,7 @@ def summarize(rounds, sentences, singles):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m benchmarks ctranslate2",
-                                     description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__, prog="python -m benchmarks ctranslate2")
     parser.add_argument("--configs", nargs="+", default=["small", "base"],
                         help="presets, with the bench vocabulary (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds")
@@ -265,7 +255,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.xla_column_blocks < 1:
         parser.error("--xla-column-blocks must be at least 1")
-    report = provenance.record()
+    report = harness.record()
     report["shape"] = dict(TRANSLATE_SHAPE, singles=args.singles, repeats=args.repeats,
                            rounds=args.rounds, ctranslate2_threads=args.threads,
                            xla_column_blocks=args.xla_column_blocks)
@@ -273,7 +263,7 @@ def main(argv=None):
     for name in args.configs:
         report["results"][name] = measure(name, args)
         print(json.dumps({name: report["results"][name]}, indent=1), flush=True)
-    provenance.write_result(report, report, "ctranslate2-speed", args.json)
+    harness.write_result(report, report, "ctranslate2-speed", args.json)
     return 0
 
 

@@ -22,7 +22,7 @@ them, each product taken block by block. The parts alternate in
 rounds, in one process, so drift in the machine's speed reaches all alike.
 Per part: the median time per loop, per product, the weights' bytes
 read per second and the products' float operations per second. A round
-times each part's `--repeats` loops and takes their mean (`speed.py`'s
+times each part's `--repeats` loops and takes their mean (`harness.py`'s
 `time_rounds`). `penalty` compares the whole step with its parts: its time
 over the sum of the layers' (each layer taken as the first one's) and the
 projection's. Near 1 the parts cost the same together; well above 1, the
@@ -36,7 +36,6 @@ computes it outside training. Attention itself and the cache are left out:
 only the products' weights are timed.
 """
 
-import argparse
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -44,8 +43,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from benchmarks import harness  # noqa: E402
 from benchmarks.bench_config import make_config  # noqa: E402
-from benchmarks.speed import time_rounds  # noqa: E402
+from benchmarks.harness import time_rounds  # noqa: E402
 from keras_transformer.export import column_blocks  # noqa: E402
 
 
@@ -110,7 +110,7 @@ class StepPart:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--config", default="bench", help="'bench' or a preset name")
     parser.add_argument("--rows", type=int, default=4,
                         help="rows per product (sentences x beam; 4: one sentence at beam 4)")

@@ -18,12 +18,11 @@ kt-demo trains. Writes
 `--output`); a seed's run directory is kept under `--work-dir` and reused.
 """
 
-import argparse
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks import provenance  # noqa: E402
+from benchmarks import harness  # noqa: E402
 
 
 def choices(end, every):
@@ -54,7 +53,7 @@ def train_seed(run_dir, seed, args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--config", default="demo")
     parser.add_argument("--train-steps", type=int, default=1400)
@@ -85,7 +84,7 @@ def main(argv=None):
     from keras_transformer.run_directory import RunDirectory
     from keras_transformer.training.checkpoints import average_checkpoints
 
-    fields = provenance.record()
+    fields = harness.record()
     splits = {}
     for split in ("validation", "test"):
         pairs = list(builtin_source("", split, "en", "synth").take(args.sentences)
@@ -115,7 +114,7 @@ def main(argv=None):
         print(f"{key:34} {min(row['validation'].values()):20.2f} "
               f"{min(row['test'].values()):14.2f}")
     document = {**fields, "kind": "demo-settings", "settings": vars(args), "results": results}
-    provenance.write_result(document, fields, "demo-settings", path=args.output)
+    harness.write_result(document, fields, "demo-settings", path=args.output)
     return document
 
 

@@ -14,16 +14,15 @@ that TensorFlow gives oneDNN multiplies with Eigen instead.
     TF_ENABLE_ONEDNN_OPTS=0 python -m benchmarks fast-paths --json benchmarks/results/X.json
 """
 
-import argparse
-import json
 import statistics
 
 import keras
 
 import keras_transformer as kt
-from benchmarks import provenance
+from benchmarks import harness
 from benchmarks.bench_config import make_config
-from benchmarks.speed import time_rounds, train_batch
+from benchmarks.harness import time_rounds
+from benchmarks.speed import train_batch
 from keras_transformer import dispatch
 
 FLOAT32_ONLY = {"eigen_slices", "compiled_attention"}
@@ -68,20 +67,17 @@ def build_step(config, precision, disabled, batch):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--config", default="bench",
                         help="'bench' (the shared bench configuration) or a preset name")
-    parser.add_argument("--precision", default="float32",
-                        choices=["float32", "mixed_bfloat16", "mixed_float16"])
+    parser.add_argument("--precision", default="float32", choices=harness.PRECISIONS)
     parser.add_argument("--paths", help="comma-separated fast paths to measure "
                                         "(default: every one the step takes here)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--train-steps", type=int, default=5, help="timed steps per round")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.train_steps < 1:
-        parser.error("--rounds and --train-steps must be at least 1")
+    harness.at_least(parser, args, ["rounds", "train_steps"])
     config = make_config(args.config)
     paths = args.paths.split(",") if args.paths else paths_taken(config, args.precision)
     unknown = sorted(set(paths) - set(dispatch.FAST_PATHS))
@@ -92,18 +88,15 @@ def main(argv=None):
     for name in paths:
         steps[name] = build_step(config, args.precision, {name}, batch)
     times = time_rounds(steps, args.rounds, warmup=2, repeats=args.train_steps)
-    report = {**provenance.record(), "matmul_kernels": provenance.matmul_kernels(),
+    report = {**harness.record(), "matmul_kernels": harness.matmul_kernels(),
               "config": args.config, "precision": args.precision,
               "step_s_all_paths": times["all"], "gain": {}}
     print(f"{report['cpu']['model']} ({', '.join(report['cpu']['flags'])}), "
           f"TensorFlow multiplies with {report['matmul_kernels']}; {args.config}, "
           f"{args.precision}; step with every path: {statistics.median(times['all']):.3f} s")
     for name in paths:
-        ratios = [without / with_all for without, with_all in zip(times[name], times["all"])]
-        report["gain"][name] = {"median": statistics.median(ratios), "rounds": ratios}
-        print(f"  {name:20s} {statistics.median(ratios):.3f}x "
-              f"({min(ratios):.3f}-{max(ratios):.3f})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+        gain = report["gain"][name] = harness.ratios(times[name], times["all"])
+        print(f"  {name:20s} {gain['median']:.3f}x "
+              f"({min(gain['rounds']):.3f}-{max(gain['rounds']):.3f})")
+    harness.write_json(report, args.json)
     return report

@@ -12,9 +12,10 @@ round reads `--updates` batches from each, timing the process's CPU seconds
 (computing every sentence's candidates) is timed apart.
 """
 
-import argparse
 import resource
 import time
+
+from benchmarks import harness
 
 
 def cpu_seconds():
@@ -31,8 +32,7 @@ def read(iterator, count):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--data", required=True,
                         help="a directory with train.<src>[.gz] and train.<tgt>[.gz] (as "
                              "kt-train's --data text:DIR)")
@@ -53,13 +53,12 @@ def main(argv=None):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
 
-    from benchmarks import provenance
     from keras_transformer.data import batching
     from keras_transformer.data.subword_sampling import SubwordSampling
     from keras_transformer.data.text_files import text_directory_source
     from keras_transformer.tokenizer import SubwordTokenizer
 
-    record = provenance.record()
+    record = harness.record()
     pairs = text_directory_source(args.data, "train", args.src_lang, args.tgt_lang)
     tokenizer = SubwordTokenizer.from_file(args.vocab)
     settings = {"tokenize once": dict(cache_tokenized=True),
@@ -89,7 +88,7 @@ def main(argv=None):
             print(f"round {index + 1} {name}: {row[name]['cpu_ms_per_update']} ms of CPU "
                   f"per update", flush=True)
         report["rounds"].append(row)
-    provenance.write_result(report, record, "input-pipeline", args.json)
+    harness.write_result(report, record, "input-pipeline", args.json)
     return report
 
 

@@ -35,13 +35,14 @@ import subprocess
 import sys
 import time
 
-from benchmarks import subcommand
+from benchmarks import harness
 from benchmarks.bench_config import (
     TRAIN_SHAPE,
     TRANSLATE_SHAPE,
     make_config,
     peak_dtype,
     random_ids,
+    training_flops,
 )
 
 TRANSLATE = {key: TRANSLATE_SHAPE[key] for key in ("beam_size", "alpha", "extra_length")}
@@ -97,8 +98,6 @@ def bench_train(model, config, shape, steps, rounds, profile_dir=None):
     step's seconds."""
     import jax
 
-    from benchmarks import flops
-
     batch, source_length, target_length = shape
     source = random_ids(config, batch, source_length, 0)
     target = random_ids(config, batch, target_length + 1, 1)
@@ -134,7 +133,7 @@ def bench_train(model, config, shape, steps, rounds, profile_dir=None):
         for variable, value in zip(group, values):
             variable.assign(value)
     per_step = statistics.median(seconds)
-    step_flops = flops.training_flops(config, batch, source_length, target_length)
+    step_flops = training_flops(config, batch, source_length, target_length)
     return {"shape": "x".join(map(str, shape)),
             "target_tokens_per_s": batch * target_length / per_step,
             "ms_per_step": per_step * 1000,
@@ -225,8 +224,7 @@ def run_one(config_name, precision, args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--config", default="bench",
                         help="comma-separated: 'bench' (the shared bench configuration) "
                              "and/or preset names (base, big, ...)")
@@ -268,7 +266,7 @@ def main(argv=None):
     passthrough = list(argv if argv is not None else sys.argv[1:])
     for config_name in configs:
         for precision in precisions:
-            command, env = subcommand("jax", *passthrough, "--config", config_name,
+            command, env = harness.subcommand("jax", *passthrough, "--config", config_name,
                                       "--precision", precision, "--in-process")
             out = subprocess.run(command, capture_output=True, text=True, env=env)
             if out.returncode != 0:

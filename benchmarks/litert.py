@@ -17,20 +17,12 @@ sentences one call each (LiteRT takes one per call). The result goes to
 `benchmarks/results/<cpu>_<date>_<commit>_litert.json`.
 """
 
-import argparse
 import os
 import statistics
 import time
 
-from benchmarks import provenance
+from benchmarks import harness
 from benchmarks.model_card import directory_bytes
-
-
-def held_out(count):
-    from keras_transformer.data.synthetic import generate_corpus
-
-    sources, targets = generate_corpus()["test"]
-    return sources[:count], targets[:count]
 
 
 def equality(reference, other):
@@ -42,21 +34,18 @@ def equality(reference, other):
 
 
 def latencies(engines, sentences):
-    """`{name: [seconds per one-sentence call]}`, the engines taking turns."""
+    """`{name: [seconds per one-sentence call]}`, the engines taking turns
+    in an order that rotates from sentence to sentence."""
     times = {name: [] for name in engines}
+    names = list(engines)
     for i, sentence in enumerate(sentences):
-        names = list(engines)
-        names = names[i % len(names):] + names[:i % len(names)]
-        for name in names:
-            start = time.perf_counter()
-            engines[name]([sentence])
-            times[name].append(time.perf_counter() - start)
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            times[name] += harness.seconds_each(engines[name], [[sentence]])
     return times
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks litert",
-                                     description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__, prog="python -m benchmarks litert", allow_abbrev=True)
     parser.add_argument("--saved-model", required=True)
     parser.add_argument("--litert-model", required=True, help="the float32 export")
     parser.add_argument("--litert-int8", help="the dynamic-int8 export")
@@ -72,8 +61,8 @@ def main(argv=None):
     from keras_transformer.export import load_translator
     from keras_transformer.export.litert_translator import LiteRTTranslator
 
-    fields = provenance.record()
-    sources, references = held_out(args.sentences)
+    fields = harness.record()
+    sources, references = harness.held_out(args.sentences)
     saved = load_translator(args.saved_model)
     engines = {"saved_model": lambda batch: saved.translate(batch, jit_compile=False),
                "litert_float32": LiteRTTranslator(args.litert_model).translate}
@@ -121,7 +110,7 @@ def main(argv=None):
     for key in ("equality_with_saved_model", "bleu", "latency_p50_ms_one_sentence",
                 "sizes_bytes"):
         print(key, document[key], flush=True)
-    provenance.write_result(document, fields, "litert", args.json)
+    harness.write_result(document, fields, "litert", args.json)
     return document
 
 

@@ -25,25 +25,21 @@ are read from those files (tests/test_shipped_model.py checks them against
 them).
 """
 
-import argparse
-import gzip
+import math
 import os
 import statistics
 import time
 
-from benchmarks import provenance
+from benchmarks import harness
 
 SPLITS = ("val", "test_2016_flickr")
 
 
 def read_lines(data, split, lang):
-    for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
-        path = os.path.join(data, name)
-        if os.path.exists(path):
-            opener = gzip.open if name.endswith(".gz") else open
-            with opener(path, "rt", encoding="utf-8") as f:
-                return [line.rstrip("\n") for line in f]
-    raise FileNotFoundError(f"no {split}.{lang}[.gz] in {data}")
+    """The lines of `split`'s `lang` file (.gz ok) in the directory `data`."""
+    from keras_transformer.data.text_files import find_split_file
+
+    return harness.read_text(find_split_file(data, split, lang))
 
 
 def directory_bytes(path):
@@ -52,8 +48,7 @@ def directory_bytes(path):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m benchmarks model-card",
-                                     description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__, prog="python -m benchmarks model-card")
     parser.add_argument("--saved-model", required=True, help="the SavedModel's base path")
     parser.add_argument("--ctranslate2-model", help="the CTranslate2 export's base path")
     parser.add_argument("--litert-model", help="a LiteRT export's directory")
@@ -100,7 +95,7 @@ def main(argv=None):
     names = args.engines.split(",")
     engines = {name: opened[name]() for name in names}
     kind = "model-card" if names != ["litert"] else "model-card-litert"
-    document = {**provenance.record(), "kind": kind, "threads": args.threads,
+    document = {**harness.record(), "kind": kind, "threads": args.threads,
                 "saved_model": saved_model_path,
                 "sizes_bytes": {name: directory_bytes(paths[name]) for name in names},
                 "parameters": count_parameters(saved_model_path),
@@ -129,17 +124,12 @@ def main(argv=None):
     singles, bulk = sentences[:args.singles], sentences[:args.throughput_sentences]
     timings = {name: {"p50_ms": [], "p95_ms": [], "sentences_per_second": []}
                for name in engines}
-    for round_ in range(args.rounds):
-        order = list(engines) if round_ % 2 == 0 else list(engines)[::-1]
+    for _, order in harness.flipped(engines, args.rounds):
         for name in order:
             engine = engines[name]
             engine.translate(singles[:1])  # warm
-            latencies = []
-            for sentence in singles:
-                start = time.perf_counter()
-                engine.translate([sentence])
-                latencies.append((time.perf_counter() - start) * 1000)
-            latencies.sort()
+            latencies = sorted(1000 * s for s in harness.seconds_each(
+                lambda sentence, engine=engine: engine.translate([sentence]), singles))
             start = time.perf_counter()
             batched(engine.translate, bulk, args.batch_size)
             rate = len(bulk) / (time.perf_counter() - start)
@@ -150,7 +140,7 @@ def main(argv=None):
         document["speed"][name] = {key: round(statistics.median(v), 1)
                                    for key, v in values.items()}
         print(name, document["speed"][name], flush=True)
-    provenance.write_result(document, document, kind, args.json)
+    harness.write_result(document, document, kind, args.json)
 
 
 def litert_engine(path, threads):
@@ -165,16 +155,8 @@ def count_parameters(saved_model_path):
 
     reader = tf.train.load_checkpoint(os.path.join(saved_model_path, "variables",
                                                    "variables"))
-    shapes = reader.get_variable_to_shape_map()
-    total = 0
-    for name, shape in shapes.items():
-        if "_CHECKPOINTABLE_OBJECT_GRAPH" in name or not shape:
-            continue
-        size = 1
-        for d in shape:
-            size *= d
-        total += size
-    return total
+    return sum(math.prod(shape) for name, shape in reader.get_variable_to_shape_map().items()
+               if shape and "_CHECKPOINTABLE_OBJECT_GRAPH" not in name)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ Writes `benchmarks/results/<cpu>_<date>_<commit>_model-garden-multi30k.json`
 (or `--output`) and the test hypotheses beside it (`--hypotheses`).
 """
 
-import argparse
 import collections
 import os
 import time
@@ -43,7 +42,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from benchmarks import model_garden_reference, provenance  # noqa: E402
+from benchmarks import harness, model_garden_reference  # noqa: E402
 
 
 def snapshot(variables):
@@ -76,7 +75,7 @@ def translate_file(model, tokenizer, sentences, batch_size):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--data", default=os.path.join("..", "shared", "data", "multi30k"),
                         help="directory with train and test files (text:DIR's layout)")
     parser.add_argument("--src-lang", default="en")
@@ -125,7 +124,7 @@ def main(argv=None):
     from keras_transformer.schedules import TransformerSchedule
     from keras_transformer.tokenizer import SubwordTokenizer
 
-    fields = provenance.record()
+    fields = harness.record()
     precision = args.precision
     # Seed before creating the tokenizer: seeding destroys eager resources.
     tf_keras.utils.set_random_seed(args.seed)
@@ -199,7 +198,7 @@ def main(argv=None):
         "tokenized_bleu": round(scores["tokenized_bleu"], 2),
         "tokenized_bleu_text": scores["tokenized_bleu_text"],
     }
-    provenance.write_result(document, fields, "model-garden-multi30k", path=args.output)
+    harness.write_result(document, fields, "model-garden-multi30k", path=args.output)
     return document
 
 

@@ -25,13 +25,14 @@ batch holds more padding and fewer real tokens; float32 (TF32 matmuls on
 NVIDIA GPUs); a numpy shuffle stream.
 """
 
-import argparse
 import json
 import os
 import sys
 import time
 
 import numpy as np
+
+from benchmarks import harness
 
 PAD, BOS, EOS = 0, 2, 3
 BOUNDS = (16, 24, 32, 48, 64, 128)
@@ -266,8 +267,7 @@ def score(args):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m benchmarks multi30k-jax",
-                                     description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__, prog="python -m benchmarks multi30k-jax")
     sub = parser.add_subparsers(dest="step", required=True)
     p = sub.add_parser("prepare", help="the corpus as piece ids (SentencePiece, no TensorFlow)")
     p.add_argument("--data", required=True)

@@ -13,7 +13,6 @@ per search. XLA names a thunk after its HLO instruction (`MatMul.1173`,
 times on the two worker threads add up, so they can exceed the wall time.
 """
 
-import argparse
 import collections
 import glob
 import os
@@ -26,8 +25,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 
+from benchmarks import harness  # noqa: E402
 from benchmarks.bench_config import TRANSLATE_SHAPE, make_config  # noqa: E402
-from benchmarks.speed import Ours, random_batch, time_rounds  # noqa: E402
+from benchmarks.harness import time_rounds  # noqa: E402
+from benchmarks.speed import Ours, random_batch  # noqa: E402
 
 # Trace events that wrap thunks rather than being one (executors, waits).
 WRAPPERS = ("ThunkExecutor", "SlinkyThreadPool", "while", "end:")
@@ -65,7 +66,7 @@ def thunk_times(xspace_path, searches):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--config", default="bench", help="'bench' or a preset name")
     parser.add_argument("--extra-length", type=int, default=TRANSLATE_SHAPE["extra_length"])
     parser.add_argument("--batch", type=int, default=TRANSLATE_SHAPE["batch"],

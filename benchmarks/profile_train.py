@@ -27,7 +27,6 @@ kind across runs only as a hint; a change is measured by an A/B run of the
 step (docs/performance.md).
 """
 
-import argparse
 import collections
 import glob
 import os
@@ -39,9 +38,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
+from benchmarks import harness  # noqa: E402
 from benchmarks.bench_config import TRAIN_SHAPE, make_config  # noqa: E402
+from benchmarks.harness import time_rounds  # noqa: E402
 from benchmarks.profile_search import WRAPPERS, event_kind, read_xspace  # noqa: E402
-from benchmarks.speed import Ours, random_batch, time_rounds  # noqa: E402
+from benchmarks.speed import Ours, random_batch  # noqa: E402
 
 GROUPS = ("matmul", "ops", "xla", "runtime")
 # A TensorFlow op's trace event is named "<op name>:<op type>"; the runtime's
@@ -98,7 +99,7 @@ def op_times(xspace_path, steps):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--config", default="bench", help="'bench' or a preset name")
     parser.add_argument("--precision", default="float32",
                         choices=["float32", "mixed_bfloat16", "mixed_float16"])

@@ -20,7 +20,6 @@ temporary directory. Random weights rarely produce eos, so every sentence
 decodes to the length limit (source + extra length): a worst case.
 """
 
-import argparse
 import json
 import os
 import tempfile
@@ -28,6 +27,8 @@ import time
 
 import numpy as np
 import tensorflow as tf
+
+from benchmarks import harness
 
 DEFAULT_SOURCE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data",
                               "multi30k", "test_2016_flickr.de.gz")
@@ -132,10 +133,7 @@ def measure(serve, metadata, batches, singles, rounds):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        allow_abbrev=False,
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = harness.parser(__doc__)
     parser.add_argument("--saved-model", help="an exported model (default: build one)")
     parser.add_argument("--baseline",
                         help="a second exported model, measured in the same process "

@@ -18,11 +18,12 @@ a git revision. tests/test_beam_search.py runs the package's side on
 the same models.
 """
 
-import argparse
 import os
 import time
 
 import numpy as np
+
+from benchmarks import harness
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -224,8 +225,7 @@ def beam_search_at(revision):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--models", type=int, default=MODELS, help="scripted models")
     parser.add_argument("--seed", type=int, default=SEED, help="the models' seed")
     parser.add_argument("--baseline", metavar="REV",
@@ -235,7 +235,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.models < 1:
         parser.error("--models must be at least 1")
-    from benchmarks import model_garden_reference, provenance
+    from benchmarks import model_garden_reference
 
     if not model_garden_reference.available():
         parser.error("Model Garden is not installed: bash benchmarks/install_model_garden.sh")
@@ -245,7 +245,7 @@ def main(argv=None):
         searches.append((f"keras_transformer@{args.baseline}",
                          lambda tables: package_search(tables, beam_search=baseline)))
     searches.append(("model_garden", model_garden_search))
-    record = provenance.record()
+    record = harness.record()
     tables = scripted_models(args.models, args.seed)
     report = {**record, "models": args.models, "seed": args.seed, "vocab": VOCAB,
               "eos_id": EOS, "limit": LIMIT, "beam_size": BEAM_SIZE, "alpha": ALPHA,
@@ -260,5 +260,5 @@ def main(argv=None):
         print(f"{name:26s} missed the best finished hypothesis in {result['missed']:4d} of "
               f"{args.models}; returned an unfinished one in {result['unfinished']:4d} "
               f"({seconds:.1f} s)")
-    provenance.write_result(report, record, "search-quality", args.json)
+    harness.write_result(report, record, "search-quality", args.json)
     return report

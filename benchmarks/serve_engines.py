@@ -17,9 +17,9 @@ run's search defaults. Then:
    four ways: CTranslate2 and SentencePiece alone in this process
    (`RawCTranslate2`, the floor), `CTranslate2Translator` in this process,
    kt-serve on the int8 version (no batching), and the plainest HTTP
-   server around CTranslate2 alone (benchmarks/plain_http_server.py: one
-   thread, `http.server`, no checks: what any server adds on this
-   machine), each server from one client (`http.client`, one keep-alive
+   server around CTranslate2 alone (`serve_plain`: one thread,
+   `http.server`, no checks: what any server adds on this machine), each
+   server from one client (`http.client`, one keep-alive
    connection); sentences/s of each over `--overhead-rounds` rounds, each
    request sent the four ways in turn (in an order that rotates). The
    ratios to the floor are the medians of per-round ratios; the
@@ -39,22 +39,21 @@ but 4. The result goes to
 `benchmarks/results/<cpu>_<date>_<commit>_serve-engines.json`.
 """
 
-import argparse
 import concurrent.futures
-import io
+import http.server
 import json
 import os
 import random
+import re
 import statistics
-import subprocess
-import tarfile
+import sys
 import tempfile
 import threading
 import time
 
 import numpy as np
 
-from benchmarks import provenance, tiny_serving
+from benchmarks import harness, tiny_serving
 
 
 def export_all(run_dir, checkpoint, work_dir):
@@ -77,12 +76,6 @@ def export_all(run_dir, checkpoint, work_dir):
                                      extra_length=translator.extra_length)
                for q in ("float32", "int8")}
     return saved_model, engines, translator
-
-
-def test_sentences(count):
-    from keras_transformer.data.synthetic import generate_corpus
-
-    return generate_corpus()["test"][0][:count]
 
 
 def match(saved_model, ct2_dir, sentences, defaults, threads):
@@ -148,6 +141,39 @@ class RawCTranslate2:
         out = self.translator.translate_batch(
             pieces, max_decoding_length=self.limit(max(map(len, pieces))), **self.options)
         return [self.target.decode(result.hypotheses[0]) for result in out]
+
+
+def serve_plain(model_dir, threads):
+    """The least an HTTP server adds: Python's own `http.server`, one
+    thread, keep-alive, answering TF Serving's columnar predict request
+    (`{"inputs": {"text": [...]}}`) with `RawCTranslate2` called inline, and
+    no checks. Prints `PLAIN_READY`'s line once it listens; serves until
+    killed."""
+    raw = RawCTranslate2(model_dir, int(threads))
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive
+        disable_nagle_algorithm = True  # headers and body go out at once
+
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            text = json.loads(body)["inputs"]["text"]
+            answer = json.dumps({"outputs": {"translation": raw.translate(text)}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    print(f"plain HTTP server at http://127.0.0.1:{server.server_address[1]}", flush=True)
+    server.serve_forever()
+
+
+PLAIN_READY = re.compile(r"plain HTTP server at (?P<url>http://\S+)")
 
 
 def overhead_round(urls, engines, batches, first=0):
@@ -231,52 +257,32 @@ def load_round(url, sentences, clients, requests_count, seed):
 
 
 def latency(engine, singles):
-    times = []
-    for sentence in singles:
-        start = time.perf_counter()
-        engine.translate([sentence])
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def start_plain_server(model_dir, threads):
-    """`benchmarks/plain_http_server.py` on `model_dir`: `(process, url)`."""
-    import subprocess
-    import sys
-
-    process = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.plain_http_server", model_dir, str(threads)],
-        cwd=tiny_serving.ROOT, env=tiny_serving.ENV, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, text=True)
-    port = process.stdout.readline().strip()
-    if not port.isdigit():
-        process.kill()
-        raise RuntimeError("benchmarks/plain_http_server.py did not start")
-    return process, f"http://127.0.0.1:{port}/v1/models/m:predict"
+    return statistics.median(harness.seconds_each(lambda s: engine.translate([s]), singles))
 
 
 def measure_overhead(args, int8_base, int8_dir, sentences):
     """Part 2: CTranslate2 and SentencePiece alone, `CTranslate2Translator`,
     kt-serve on the int8 version, the plainest HTTP server around
-    CTranslate2 alone (`benchmarks/plain_http_server.py`) and, with
+    CTranslate2 alone (`serve_plain`) and, with
     `args.baseline`, kt-serve at that commit: each batch every way in turn
     (`overhead_round`)."""
     from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
 
     serve_argv = ["--model-name", "m", "--model-base-path", int8_base,
                   "--ctranslate2-threads", str(args.ctranslate2_threads)]
-    servers, urls, floor = [], {}, None
+    plain = [sys.executable, "-c", "import sys; from benchmarks.serve_engines import "
+             "serve_plain; serve_plain(*sys.argv[1:])", int8_dir, str(args.ctranslate2_threads)]
+    servers, urls = [], {}
     with tempfile.TemporaryDirectory(prefix="kt-serve-baseline-") as package:
         try:
             process, url = tiny_serving.start_server(serve_argv)
             servers.append(process)
             urls["kt_serve"] = f"{url}/v1/models/m:predict"
-            floor, urls["plain_http"] = start_plain_server(int8_dir, args.ctranslate2_threads)
-            servers.append(floor)
+            process, match = harness.start_process(plain, PLAIN_READY)
+            servers.append(process)
+            urls["plain_http"] = f"{match.group('url')}/v1/models/m:predict"
             if args.baseline:
-                archive = subprocess.run(["git", "archive", args.baseline, "keras_transformer"],
-                                         cwd=tiny_serving.ROOT, capture_output=True, check=True)
-                tarfile.open(fileobj=io.BytesIO(archive.stdout)).extractall(package)
+                harness.extract_package(args.baseline, package)
                 process, url = tiny_serving.start_server(serve_argv,
                                                          env={"PYTHONPATH": package})
                 servers.append(process)
@@ -286,11 +292,7 @@ def measure_overhead(args, int8_base, int8_dir, sentences):
                 RawCTranslate2(int8_dir, args.ctranslate2_threads), sentences)
         finally:
             for server in servers:
-                if server is floor:
-                    floor.kill()
-                    floor.wait()
-                else:
-                    tiny_serving.stop_server(server)
+                harness.stop_process(server)
 
 
 def _overhead_rounds(args, urls, translator, raw, sentences):
@@ -334,8 +336,7 @@ def measure_load(args, saved_model, int8_base, sentences):
         for _, url in servers.values():
             load_round(f"{url}/v1/models/m:predict", sentences, args.clients, 50, 0)
         rounds = []
-        for r in range(args.rounds):
-            order = list(servers) if r % 2 == 0 else list(reversed(list(servers)))
+        for r, order in harness.flipped(servers, args.rounds):
             this = {name: load_round(f"{servers[name][1]}/v1/models/m:predict",
                                      sentences, args.clients, args.requests, r)
                     for name in order}
@@ -351,8 +352,7 @@ def measure_load(args, saved_model, int8_base, sentences):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--run-dir", default="runs/demo")
     parser.add_argument("--checkpoint", default="auto")
     parser.add_argument("--sentences", type=int, default=500)
@@ -370,19 +370,18 @@ def main(argv=None):
                         help="which of the four parts to run (comma-separated)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
-    parts = set(args.parts.split(","))
-    if not parts or parts - {"match", "overhead", "load", "threads"}:
-        parser.error(f"--parts takes match, overhead, load, threads; received {args.parts!r}")
+    parts = harness.parts(parser, args.parts, ["match", "overhead", "load", "threads"],
+                          "--parts")
     from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
 
-    record = provenance.record()
+    record = harness.record()
     report = {**record, "run_dir": args.run_dir, "args": vars(args)}
     with tempfile.TemporaryDirectory() as work_dir:
         saved_model, engines, translator = export_all(args.run_dir, args.checkpoint, work_dir)
         report["defaults"] = defaults = {"beam_size": translator.beam_size,
                                          "alpha": translator.alpha,
                                          "extra_length": translator.extra_length}
-        sentences = test_sentences(args.sentences)
+        sentences = harness.held_out(args.sentences)[0]
         int8_base = os.path.dirname(engines["int8"])
         if "match" in parts:
             report["match"] = match(saved_model, engines["float32"], sentences, defaults,
@@ -400,9 +399,7 @@ def main(argv=None):
                 latency(single, singles[:5])
                 report["threads"][f"intra_{intra}_p50_ms"] = 1000 * latency(single, singles)
             print("threads:", json.dumps(report["threads"]), flush=True)
-    path = args.json or provenance.result_path(record, "serve-engines")
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
+    harness.write_result(report, record, "serve-engines", args.json, indent=1)
     if "overhead" in report:
         overhead = report["overhead"]
         print(f"overhead: against CTranslate2 and SentencePiece alone, sentences/s: "
@@ -415,7 +412,6 @@ def main(argv=None):
     if "load" in report:
         print(f"load: kt-serve on CTranslate2 int8 / on the SavedModel, sentences/s: "
               f"{report['load']['ratio_median']:.3f}")
-    print(f"written to {path}")
 
 
 if __name__ == "__main__":

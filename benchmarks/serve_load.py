@@ -27,7 +27,6 @@ The versions are `benchmarks/serve_versions.py`'s. Used as a library by
 tests/test_serve_load.py: `Server`, `scenario`, `swaps_run`, `MEMORY_BOUND`.
 """
 
-import argparse
 import dataclasses
 import os
 import random
@@ -35,7 +34,7 @@ import statistics
 import tempfile
 import time
 
-from benchmarks import provenance, tiny_serving
+from benchmarks import harness, tiny_serving
 from benchmarks.serve_requests import (
     VALID,
     WEIGHTS,
@@ -340,8 +339,7 @@ def _summary_line(label, f):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--clients", type=int, default=16, help="concurrent clients")
     parser.add_argument("--requests", type=int, default=2000,
                         help="timed requests per server, over all rounds")
@@ -364,7 +362,7 @@ def main(argv=None):
                      "of each kind per round)")
     if args.clients < 1:
         parser.error("--clients must be at least 1")
-    record = provenance.record()
+    record = harness.record()
     load = {"before": os.getloadavg()}
     report = {**record, "clients": args.clients, "requests": args.requests,
               "rounds": args.rounds, "publish_requests": args.publish_requests,
@@ -464,5 +462,5 @@ def main(argv=None):
         ratio = report["batching_over_plain_requests_per_s"]
         print(f"batching / plain requests/s: median {ratio['median']:.3f} "
               f"(rounds {', '.join(f'{x:.3f}' for x in ratio['rounds'])})")
-    provenance.write_result(report, record, "serve-load", args.json)
+    harness.write_result(report, record, "serve-load", args.json)
     return report

@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 
-from benchmarks import provenance, tiny_serving
+from benchmarks import harness, tiny_serving
 from benchmarks.serve_requests import (
     INVALID_UTF8,
     OPTIONS,
@@ -25,7 +25,7 @@ from benchmarks.serve_requests import (
     long_text,
 )
 
-ROOT = provenance.ROOT
+ROOT = harness.ROOT
 NAME = "tiny"
 SEEDS = {1: 20261126, 2: 20261127}
 

@@ -16,12 +16,11 @@ overestimates (a lower figure per counted unit).
 Writes `benchmarks/results/<cpu>_<date>_<commit>_serve-work.json`.
 """
 
-import argparse
 import time
 
 import numpy as np
 
-from benchmarks import provenance
+from benchmarks import harness
 
 
 def peak_rss_bytes():
@@ -33,8 +32,7 @@ def peak_rss_bytes():
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m benchmarks serve-work",
-                                     description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__, prog="python -m benchmarks serve-work")
     parser.add_argument("--saved-model", required=True,
                         help="an export directory (or its base path: the newest version)")
     parser.add_argument("--sentences", default="4,8,16",
@@ -84,7 +82,7 @@ def main(argv=None):
     # costs of a first large call (arenas, kernels) cancel out.
     slope = ((rows[-1]["peak_growth_mib"] - rows[0]["peak_growth_mib"]) * 2**20
              / max(1, rows[-1]["work"] - rows[0]["work"]))
-    fields = provenance.record()
+    fields = harness.record()
     document = {**fields, "kind": "serve-work", "export": path,
                 "request": {"text": args.text, "words": args.words, "beam_size": args.beam_size,
                             "extra_length": args.extra_length},
@@ -92,7 +90,7 @@ def main(argv=None):
                 "units_per_2_gib": int(2 * 2**30 / max(slope, 1e-9))}
     print(f"bytes per unit of work: {slope:.0f} (the slope); 2 GiB = "
           f"{document['units_per_2_gib']} units")
-    provenance.write_result(document, fields, "serve-work", args.json)
+    harness.write_result(document, fields, "serve-work", args.json)
 
 
 if __name__ == "__main__":

@@ -43,14 +43,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from benchmarks import flops, model_garden_reference, provenance, subcommand  # noqa: E402
+from benchmarks import harness, model_garden_reference  # noqa: E402
 from benchmarks.bench_config import (  # noqa: E402
     TRAIN_SHAPE,
     TRANSLATE_SHAPE,
     make_config,
     peak_dtype,
     random_ids,
+    training_flops,
 )
+from benchmarks.harness import time_rounds  # noqa: E402
 
 
 def random_batch(config, batch, length, seed):
@@ -160,23 +162,6 @@ IMPLEMENTATIONS = {"ours": Ours, "model_garden": ModelGarden}
 # Measurements -----------------------------------------------------------------
 
 
-def time_rounds(callables, rounds, warmup, repeats):
-    """Alternates `callables` (name -> fn) `rounds` times; each timing is
-    `repeats` calls after `warmup` untimed ones. Returns name -> [seconds per
-    call, one per round]."""
-    for fn in callables.values():
-        for _ in range(warmup):
-            fn()
-    times = {name: [] for name in callables}
-    for _ in range(rounds):
-        for name, fn in callables.items():
-            start = time.perf_counter()
-            for _ in range(repeats):
-                fn()
-            times[name].append((time.perf_counter() - start) / repeats)
-    return times
-
-
 def train_batch(config):
     """The bench training batch, `((source, target_in), target_out)`: random
     ids of `TRAIN_SHAPE`, the same for every implementation and run."""
@@ -194,7 +179,7 @@ def bench_train(impls, config, args, peaks):
     calls = {impl.name: (lambda impl=impl: impl.train_step(source, target_in, target_out))
              for impl in impls}
     times = time_rounds(calls, args.rounds, warmup=3, repeats=args.train_steps)
-    step_flops = flops.training_flops(config, shape["batch"], shape["source_length"],
+    step_flops = training_flops(config, shape["batch"], shape["source_length"],
                                       shape["target_length"])
     tokens = shape["batch"] * shape["target_length"]
     results = {}
@@ -236,7 +221,7 @@ def bench_latency(config, args):
     from keras_transformer.export.saved_model import export_translator
     from keras_transformer.export.translator import Translator
 
-    tokenizer, sentence = latency_tokenizer_and_sentence(config.vocab_size)
+    tokenizer, (sentence,) = bench_tokenizer_and_sentences(config.vocab_size, 1)
     config = config.replace(vocab_size=tokenizer.vocab_size)
     model = kt.Transformer(config)
     model.build()
@@ -284,14 +269,6 @@ MULTI30K = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 LATENCY_SOURCE_TOKENS = TRANSLATE_SHAPE["source_length"]
 
 
-def latency_tokenizer_and_sentence(vocab_size):
-    """A shared vocabulary of (up to) `vocab_size` pieces and a source
-    sentence of about `LATENCY_SOURCE_TOKENS` tokens (eos included), as in
-    the throughput shape (see `bench_tokenizer_and_sentences`)."""
-    tokenizer, sentences = bench_tokenizer_and_sentences(vocab_size, 1)
-    return tokenizer, sentences[0]
-
-
 def bench_tokenizer_and_sentences(vocab_size, count):
     """A shared vocabulary of (up to) `vocab_size` pieces and the `count`
     test sentences whose length is nearest `LATENCY_SOURCE_TOKENS` tokens
@@ -301,17 +278,13 @@ def bench_tokenizer_and_sentences(vocab_size, count):
     reaches 8,192 pieces) when present, else on the built-in corpus (whose
     ~1,400 pieces make the latency look better than it is; the report says
     which)."""
-    from keras_transformer.cli.common import read_lines as read_byte_lines
     from keras_transformer.data.synthetic import generate_corpus
     from keras_transformer.tokenizer import SubwordTokenizer, train_sentencepiece
 
-    def read_lines(path):
-        return [line.decode("utf-8") for line in read_byte_lines(path)]
-
     if os.path.isdir(MULTI30K):
         train = [line for lang in ("en", "de")
-                 for line in read_lines(os.path.join(MULTI30K, f"train.{lang}.gz"))]
-        candidates = list(read_lines(os.path.join(MULTI30K, "test_2016_flickr.en.gz")))
+                 for line in harness.read_text(os.path.join(MULTI30K, f"train.{lang}.gz"))]
+        candidates = harness.read_text(os.path.join(MULTI30K, "test_2016_flickr.en.gz"))
     else:
         corpus = generate_corpus(seed=0, num_train=5000, num_val=10, num_test=50)
         train = corpus["train"][0] + corpus["train"][1]
@@ -320,15 +293,6 @@ def bench_tokenizer_and_sentences(vocab_size, count):
     lengths = tokenizer.tokenize(tf.constant(candidates)).row_lengths().numpy() + 1  # + eos
     nearest = np.argsort(np.abs(lengths - LATENCY_SOURCE_TOKENS), kind="stable")[:count]
     return tokenizer, [candidates[int(i)] for i in nearest]
-
-
-def _proc_status_mb(field):
-    """`VmRSS`/`VmHWM` of this process from /proc/self/status, in MB."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def _reset_peak_rss():
@@ -353,7 +317,7 @@ def bench_memory(args):
         results[name] = {}
         for phase in ("train", "translate"):
             precision = args.precision if name == "ours" else args.reference_precision
-            command, env = subcommand(
+            command, env = harness.subcommand(
                 "speed", "--config", args.config, "--precision", precision, "--what", phase,
                 "--xla", args.xla, "--rounds", "1", "--train-steps", "3",
                 "--translate-repeats", "1", "--only", name, "--report-peak-memory")
@@ -364,14 +328,12 @@ def bench_memory(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--config", default="bench",
                         help="'bench' (the shared bench configuration) or a preset name")
-    precisions = ["float32", "mixed_bfloat16", "mixed_float16"]
-    parser.add_argument("--precision", default="float32", choices=precisions,
+    parser.add_argument("--precision", default="float32", choices=harness.PRECISIONS,
                         help="our precision policy")
-    parser.add_argument("--reference-precision", default="float32", choices=precisions,
+    parser.add_argument("--reference-precision", default="float32", choices=harness.PRECISIONS,
                         help="the reference's precision policy (Model Garden's "
                              "mixed_bfloat16 fails with a dtype error)")
     parser.add_argument("--reference", choices=["model_garden"], default=None,
@@ -394,10 +356,7 @@ def main(argv=None):
     parser.add_argument("--only", help=argparse.SUPPRESS)
     parser.add_argument("--report-peak-memory", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    what = set(args.what.split(","))
-    unknown = what - {"train", "translate", "latency", "memory"}
-    if unknown:
-        parser.error(f"unknown --what {sorted(unknown)}")
+    what = harness.parts(parser, args.what, ["train", "translate", "latency", "memory"])
     if args.reference == "model_garden" and not model_garden_reference.available():
         parser.error("Model Garden is not installed: bash benchmarks/install_model_garden.sh")
 
@@ -410,18 +369,18 @@ def main(argv=None):
     if args.report_peak_memory:
         # One phase of one implementation in this fresh process: resident
         # memory now (imports, model built) and the phase's own peak.
-        baseline = _proc_status_mb("VmRSS")
+        baseline = harness.status_mib("VmRSS")
         peak_reset = _reset_peak_rss()
         if "train" in what:
             bench_train(impls, config, args, peaks=None)
         if "translate" in what:
             bench_translate(impls, config, args)
-        peak = _proc_status_mb("VmHWM") if peak_reset else (
+        peak = harness.status_mib("VmHWM") if peak_reset else (
             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         print(json.dumps({"baseline_mb": baseline, "peak_mb": peak,
                           "phase_mb": peak - baseline, "peak_reset": peak_reset}))
         return None
-    report = {**provenance.record(), "matmul_kernels": provenance.matmul_kernels(),
+    report = {**harness.record(), "matmul_kernels": harness.matmul_kernels(),
               "config": args.config,
               "precision": {impl.name: impl.precision for impl in impls}, "xla": args.xla}
     if "train" in what:
@@ -439,9 +398,7 @@ def main(argv=None):
     if "memory" in what and not args.only:
         report["memory_mb"] = bench_memory(args)
     _print(report)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    harness.write_json(report, args.json)
     return report
 
 
@@ -449,9 +406,7 @@ def _ratio(report, key, times):
     """Per-round ratio ours / reference (time_ref / time_ours), median."""
     names = list(times)
     if len(names) == 2:
-        ratios = [ref / ours for ours, ref in zip(times[names[0]], times[names[1]])]
-        report[key]["speedup_vs_" + names[1]] = {"median": statistics.median(ratios),
-                                                 "rounds": ratios}
+        report[key]["speedup_vs_" + names[1]] = harness.ratios(times[names[1]], times[names[0]])
 
 
 def _print(report):
@@ -484,7 +439,8 @@ def _print(report):
               f"(vocabulary {r['vocab_size']}), {r['requests']} requests each:")
         for name in LATENCY_SIGNATURES:
             print(f"    {name:16s} p50 {r[name]['p50_ms']:6.1f} ms, p95 "
-                  f"{r[name]['p95_ms']:6.1f} ms (first request {r[name]['first_request_ms']:.0f} ms)")
+                  f"{r[name]['p95_ms']:6.1f} ms "
+                  f"(first request {r[name]['first_request_ms']:.0f} ms)")
     if "memory_mb" in report:
         for name, phases in report["memory_mb"].items():
             for phase, m in phases.items():

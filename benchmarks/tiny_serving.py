@@ -12,18 +12,11 @@ through tests/support/serving_model.py).
 """
 
 import os
-import queue
 import re
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The CPU only, TensorFlow's info and warning lines off.
-ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+from benchmarks import harness
+
 # The tiny model's vocabulary is trained on this many pairs of the built-in
 # corpus (both sides).
 VOCABULARY_PAIRS = 400
@@ -144,57 +137,21 @@ def start_server(argv, timeout=120, env=None):
     Raises: `RuntimeError` with the server's stderr if it exits or stays
     silent for `timeout` seconds.
     """
-    with tempfile.NamedTemporaryFile(prefix="kt-serve-", suffix=".log",
-                                     delete=False) as stderr:
-        process = subprocess.Popen(
-            _command() + list(argv) + ["--rest-api-port", "0"], cwd=ROOT,
-            env={**ENV, **(env or {})},
-            stdout=subprocess.PIPE, stderr=stderr, text=True)
-    process.stderr_path = stderr.name
-    lines = queue.Queue()
+    grpc = {}
 
-    def read():
-        # Drains stdout for the life of the process, so the server never
-        # blocks on a full pipe.
-        for line in process.stdout:
-            lines.put(line)
-        lines.put(None)
+    def note_grpc(line):
+        match = GRPC_READY.search(line)
+        if match:
+            grpc["target"] = match.group("target")
 
-    threading.Thread(target=read, daemon=True).start()
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            line = None
-        if line is not None:
-            grpc = GRPC_READY.search(line)
-            if grpc:
-                process.grpc_target = grpc.group("target")
-            match = READY.search(line)
-            if match:
-                return process, match.group("url")
-            continue
-        stop_server(process)
-        raise RuntimeError(f"kt-serve {' '.join(argv)} did not become ready within "
-                           f"{timeout} s (exit status {process.returncode}):\n"
-                           f"{process.stderr_text[-4000:]}")
+    process, match = harness.start_process(
+        _command() + list(argv) + ["--rest-api-port", "0"], READY, timeout, env, note_grpc)
+    if grpc:
+        process.grpc_target = grpc["target"]
+    return process, match.group("url")
 
 
-def stop_server(process, timeout=15):
-    """Stops a server `start_server` started: SIGTERM (uvicorn's graceful
-    shutdown), SIGKILL after `timeout` seconds. Moves its stderr from the
-    file into `process.stderr_text`. Returns the exit status."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    path = getattr(process, "stderr_path", None)
-    if path is not None and os.path.exists(path):
-        with open(path, encoding="utf-8", errors="replace") as f:
-            process.stderr_text = f.read()
-        os.remove(path)
-    return process.returncode
+# Stops a server `start_server` started: SIGTERM (uvicorn's graceful
+# shutdown), SIGKILL after `timeout` seconds; its stderr moves into
+# `process.stderr_text`; returns the exit status.
+stop_server = harness.stop_process

@@ -8,16 +8,15 @@ processes affects them alike and their ratio stays meaningful.
     python -m benchmarks training --configs small base --precisions float32 mixed_bfloat16
 """
 
-import argparse
 import os
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from benchmarks import harness  # noqa: E402
+
 
 def main(argv=None):
-    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__)
     p.add_argument("--configs", nargs="+", default=["small", "base"])
     p.add_argument("--precisions", nargs="+", default=["float32", "mixed_bfloat16"])
     p.add_argument("--batch-tokens", type=int, default=4096)
@@ -50,13 +49,10 @@ def main(argv=None):
                 model.train_on_batch((src, tgt_in), tgt)
             models[name, precision] = model
     keras.config.set_dtype_policy("float32")
-    rates = {key: [] for key in models}
-    for _ in range(args.rounds):
-        for key, model in models.items():
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                model.train_on_batch((src, tgt_in), tgt)
-            rates[key].append(tokens * args.steps / (time.perf_counter() - start))
+    times = harness.time_rounds(
+        {key: (lambda model=model: model.train_on_batch((src, tgt_in), tgt))
+         for key, model in models.items()}, args.rounds, warmup=0, repeats=args.steps)
+    rates = {key: [tokens / seconds for seconds in times[key]] for key in models}
     print(f"batch {batch} x {args.length} = {tokens} target tokens; {args.rounds} rounds "
           f"of {args.steps} steps; median (min-max) target tokens/s")
     for name in args.configs:

@@ -18,27 +18,16 @@ the per-round ratios. The result goes to
 `benchmarks/results/<cpu>_<date>_<commit>_vocabulary-map.json`.
 """
 
-import argparse
-import json
 import os
 import statistics
 import tempfile
 import time
 
-from benchmarks import provenance
-
-
-def read(path):
-    import gzip
-
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
+from benchmarks import harness
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--checkpoint", default="auto")
     parser.add_argument("--source")
@@ -61,12 +50,10 @@ def main(argv=None):
     )
 
     if args.source:
-        sources, references = read(args.source), read(args.reference)
+        sources, references = harness.read_text(args.source), harness.read_text(args.reference)
     else:
-        from keras_transformer.data.synthetic import generate_corpus
-
-        sources, references = generate_corpus()["test"]
-    record = provenance.record()
+        sources, references = harness.held_out()
+    record = harness.record()
     with tempfile.TemporaryDirectory() as work_dir:
         path = export.export(["--run-dir", args.run_dir, "--checkpoint", args.checkpoint,
                               "--output-dir", work_dir, "--name", "m", "--format",
@@ -86,9 +73,9 @@ def main(argv=None):
             report[f"bleu_{name}"] = sacrebleu.corpus_bleu(hypotheses, [references]).score
             print(f"map {name}: BLEU {report[f'bleu_{name}']:.2f}", flush=True)
         rounds = []
-        for r in range(args.rounds):
+        for r, order in harness.flipped(("off", "on"), args.rounds):
             this = {}
-            for name in (("off", "on") if r % 2 == 0 else ("on", "off")):
+            for name in order:
                 start = time.perf_counter()
                 engines[name].translate(sources, beam_size=args.beam_size,
                                         batch_size=args.batch_size)
@@ -98,11 +85,9 @@ def main(argv=None):
                   flush=True)
     report["rounds"] = rounds
     report["ratio_median"] = statistics.median(r["on"] / r["off"] for r in rounds)
-    out = args.json or provenance.result_path(record, "vocabulary-map")
-    with open(out, "w") as f:
-        json.dump(report, f, indent=1)
     print(f"with / without the map: {report['ratio_median']:.3f}x sentences/s; BLEU "
-          f"{report['bleu_off']:.2f} -> {report['bleu_on']:.2f}; written to {out}")
+          f"{report['bleu_off']:.2f} -> {report['bleu_on']:.2f}")
+    harness.write_result(report, record, "vocabulary-map", args.json, indent=1)
 
 
 if __name__ == "__main__":
