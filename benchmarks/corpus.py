@@ -156,9 +156,8 @@ def main(argv=None):
                         help="comma-separated: memory, throughput, resume, beam")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
-    parts = set(args.parts.split(","))
-    if parts - {"memory", "throughput", "resume", "beam"}:
-        parser.error(f"--parts takes memory, throughput, resume, beam; received {args.parts!r}")
+    parts = harness.parts(parser, args.parts, ["memory", "throughput", "resume", "beam"],
+                          "--parts")
     if "beam" in parts and args.beam_python and not args.saved_model:
         parser.error("--beam-python needs --saved-model: the pipeline runs a SavedModel")
     flags = next([flag, value] for flag, value in (("--run-dir", args.run_dir),

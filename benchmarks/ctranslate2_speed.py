@@ -253,8 +253,7 @@ def main(argv=None):
                         "blocks (kt-export --xla-column-blocks); 1: not (default: %(default)s)")
     parser.add_argument("--json", help="result file (default: benchmarks/results/...)")
     args = parser.parse_args(argv)
-    if args.xla_column_blocks < 1:
-        parser.error("--xla-column-blocks must be at least 1")
+    harness.at_least(parser, args, ["xla_column_blocks"])
     report = harness.record()
     report["shape"] = dict(TRANSLATE_SHAPE, singles=args.singles, repeats=args.repeats,
                            rounds=args.rounds, ctranslate2_threads=args.threads,

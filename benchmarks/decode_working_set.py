@@ -126,10 +126,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=8, help="loops per part per round")
     args = parser.parse_args(argv)
-    for name in ("rows", "steps", "rounds", "repeats", "column_blocks"):
-        if getattr(args, name) < 1:
-            flag = "--" + name.replace("_", "-")
-            parser.error(f"{flag} must be at least 1, got {getattr(args, name)}")
+    harness.at_least(parser, args, ["rows", "steps", "rounds", "repeats", "column_blocks"])
 
     config = make_config(args.config)
     n = config.num_layers

@@ -49,9 +49,7 @@ def main(argv=None):
     parser.add_argument("--json", help="the result file (default: benchmarks/results/"
                                        "<cpu>_<date>_<commit>_input-pipeline.json)")
     args = parser.parse_args(argv)
-    for name in ("batch_tokens", "max_length", "warmup", "updates", "rounds"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    harness.at_least(parser, args, ["batch_tokens", "max_length", "warmup", "updates", "rounds"])
 
     from keras_transformer.data import batching
     from keras_transformer.data.subword_sampling import SubwordSampling

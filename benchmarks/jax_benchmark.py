@@ -250,13 +250,9 @@ def main(argv=None):
     parser.add_argument("--in-process", action="store_true",
                         help="run one config and precision in this process, print JSON")
     args = parser.parse_args(argv)
-    args.what = set(args.what.split(","))
-    if args.what - {"train", "translate"}:
-        parser.error(f"unknown --what {sorted(args.what - {'train', 'translate'})}")
+    args.what = harness.parts(parser, args.what, ["train", "translate"])
     configs, precisions = args.config.split(","), args.precision.split(",")
-    for precision in precisions:
-        if precision not in ("float32", "mixed_bfloat16", "mixed_float16"):
-            parser.error(f"unknown precision {precision!r}")
+    harness.parts(parser, args.precision, harness.PRECISIONS, "--precision")
     if args.in_process:
         if len(configs) != 1 or len(precisions) != 1:
             parser.error("--in-process takes one --config and one --precision")

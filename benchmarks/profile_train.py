@@ -111,8 +111,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--top", type=int, default=30, help="kinds to print")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.batch < 1 or args.length < 1:
-        parser.error("--steps, --batch and --length must be positive")
+    harness.at_least(parser, args, ["steps", "batch", "length"])
 
     config = make_config(args.config)
     model = Ours(config, args.precision, args.xla)

@@ -62,12 +62,8 @@ def time_batches(serve, batches):
 
 def time_singles(serve, sentences):
     """Seconds of each single-sentence request, in order."""
-    latencies = []
-    for sentence in sentences:
-        start = time.perf_counter()
-        serve(text=tf.constant([sentence]))["translation"].numpy()
-        latencies.append(time.perf_counter() - start)
-    return latencies
+    return harness.seconds_each(
+        lambda sentence: serve(text=tf.constant([sentence]))["translation"].numpy(), sentences)
 
 
 def translations(serve, batches):
@@ -107,9 +103,9 @@ def measure(serve, metadata, batches, singles, rounds):
     seconds = {name: 0.0 for name in names}
     latencies = {name: [] for name in names}
     round_ratios = {"throughput": [], "latency_p50": []}
-    for r in range(rounds):
+    for _, order in harness.flipped(names, rounds):
         this_round = {}
-        for name in (names if r % 2 == 0 else names[::-1]):
+        for name in order:
             elapsed = time_batches(serve[name], batches)
             single = time_singles(serve[name], singles)
             seconds[name] += elapsed
@@ -160,11 +156,8 @@ def main(argv=None):
                         choices=["serving_default", "translate_xla"])
     args = parser.parse_args(argv)
     rounds = args.rounds if args.rounds is not None else (4 if args.baseline else 1)
-    for flag, value in (("--rounds", rounds), ("--num-sentences", args.num_sentences),
-                        ("--batch-size", args.batch_size),
-                        ("--latency-runs", args.latency_runs)):
-        if value < 1:
-            parser.error(f"{flag} must be at least 1, got {value}")
+    args.rounds = rounds
+    harness.at_least(parser, args, ["rounds", "num_sentences", "batch_size", "latency_runs"])
 
     import tensorflow_text  # noqa: F401
 

@@ -233,8 +233,7 @@ def main(argv=None):
     parser.add_argument("--json", help="the result file (default: benchmarks/results/"
                                        "<cpu>_<date>_<commit>_search-quality.json)")
     args = parser.parse_args(argv)
-    if args.models < 1:
-        parser.error("--models must be at least 1")
+    harness.at_least(parser, args, ["models"])
     from benchmarks import model_garden_reference
 
     if not model_garden_reference.available():

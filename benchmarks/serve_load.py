@@ -30,7 +30,6 @@ tests/test_serve_load.py: `Server`, `scenario`, `swaps_run`, `MEMORY_BOUND`.
 import dataclasses
 import os
 import random
-import statistics
 import tempfile
 import time
 
@@ -66,18 +65,6 @@ BATCHING_FLAGS = ["--enable-batching", "--max-batch-size", "32", "--batch-timeou
                   "2000", "--max-enqueued-batches", "64", "--num-batch-threads", "1"]
 
 
-# ---------------------------------------------------------------------------
-# Models and expected answers
-
-
-def server_argv(name, base_path, batching, max_request_bytes=1 << 16, poll_seconds=1):
-    """kt-serve's arguments (without the port) for this benchmark."""
-    return (["--model-name", name, "--model-base-path", str(base_path),
-             "--file-system-poll-wait-seconds", str(poll_seconds),
-             "--max-request-bytes", str(max_request_bytes)]
-            + (BATCHING_FLAGS if batching else []))
-
-
 @dataclasses.dataclass
 class Server:
     """A running kt-serve: its process (`pid` is the kt-serve process
@@ -90,8 +77,13 @@ class Server:
 
     @classmethod
     def start(cls, name, base_path, batching, max_request_bytes=1 << 16, timeout=180):
-        process, url = tiny_serving.start_server(
-            server_argv(name, base_path, batching, max_request_bytes), timeout=timeout)
+        """kt-serve on `base_path`, polling it every second, with
+        `BATCHING_FLAGS` when `batching`."""
+        argv = ["--model-name", name, "--model-base-path", str(base_path),
+                "--file-system-poll-wait-seconds", "1",
+                "--max-request-bytes", str(max_request_bytes)]
+        process, url = tiny_serving.start_server(argv + (BATCHING_FLAGS if batching else []),
+                                                 timeout=timeout)
         return cls(process, url.rstrip("/"), name, max_request_bytes)
 
     def stop(self):
@@ -99,11 +91,7 @@ class Server:
 
     def rss_mib(self):
         """VmRSS of the kt-serve process (not of its children), MiB."""
-        with open(f"/proc/{self.process.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-        raise RuntimeError(f"no VmRSS for process {self.process.pid}")
+        return harness.status_mib("VmRSS", self.process.pid)
 
     def log(self):
         """The server's stderr so far (after `stop`, all of it)."""
@@ -115,14 +103,6 @@ class Server:
                 return f.read()
         except FileNotFoundError:
             return ""
-
-
-# ---------------------------------------------------------------------------
-# Requests
-
-
-# ---------------------------------------------------------------------------
-# Running
 
 
 def wait_for_version(server, version, timeout=120):
@@ -142,14 +122,6 @@ def wait_for_version(server, version, timeout=120):
         time.sleep(0.1)
     raise TimeoutError(f"version {version} of {server.name} not AVAILABLE after {timeout} s; "
                        f"last status: {last}")
-
-
-# ---------------------------------------------------------------------------
-# Checking
-
-
-# ---------------------------------------------------------------------------
-# Figures
 
 
 def batching_statistics(server):
@@ -177,14 +149,46 @@ def memory_limit(warm_mib):
     return warm_mib + max(MEMORY_BOUND["fraction"] * warm_mib, MEMORY_BOUND["mib"])
 
 
-# ---------------------------------------------------------------------------
-# A scenario: warm-up, a run with a publication, the new version afterwards
-
-
 def warm_up(server, versions, clients, pinned=1):
     """Sends `warm_up_specs` and checks them. Returns `(run, failures)`."""
     run = run_load(server, warm_up_specs(versions, pinned, server.max_request_bytes), clients)
     return run, check(run, versions, lambda o: {o.spec.version or pinned})
+
+
+def publish_under_load(server, versions, specs, clients, publish, publish_at, count, tail,
+                       old=1, new=2, weights=None, wait_timeout=180):
+    """Sends `specs` (pinned ones to version `old`), calling `publish` to
+    publish version `new` once request `publish_at` is taken, at least
+    `count` of them, until `tail` more were taken after a status answer
+    showed `new` AVAILABLE (at most `wait_timeout` seconds), and checks
+    every answer: a latest one may come from either version until then,
+    from `new` only after; a pinned one from its version (or 404 for `old`,
+    once it may have been unloaded: see `check`). `weights(version)`: whose
+    expected answers a version gives (default: its own).
+
+    Returns: `(run, available, failures)`, `available` the time a status
+    answer showed `new` AVAILABLE (None if it never did).
+    """
+    weights = weights or (lambda version: version)
+    run = run_load(server, specs, clients, publish=publish, publish_at=publish_at,
+                   new_version=new, minimum=count, tail=tail, seconds=wait_timeout)
+    failures = [] if run.published is not None else [f"version {new} was never published"]
+    available = run.available_seen
+    if available is None:
+        try:
+            available = wait_for_version(server, new, wait_timeout)
+        except TimeoutError as error:
+            failures.append(str(error))
+    seen = available if available is not None else float("inf")
+
+    def allowed(o):
+        if o.spec.version is not None:
+            return {weights(o.spec.version)}
+        return {weights(new)} if o.sent > seen else {weights(old), weights(new)}
+
+    failures += check(run, versions, allowed,
+                      unloaded=(old, run.unavailable_polled or run.start))
+    return run, available, failures
 
 
 def publication_run(server, versions, clients, count, publish, seed=0, fraction=1 / 3,
@@ -208,26 +212,9 @@ def publication_run(server, versions, clients, count, publish, seed=0, fraction=
     # new version loads; `wait_timeout` bounds the run.
     specs = mix(versions, 20 * count, seed, pinned=1,
                 max_request_bytes=server.max_request_bytes)
-    run = run_load(server, specs, clients, publish=publish, publish_at=int(count * fraction),
-                   minimum=count, tail=tail, seconds=wait_timeout)
-    failures = []
-    if run.published is None:
-        failures.append("version 2 was never published")
-    available = run.available_seen
-    if available is None:
-        try:
-            available = wait_for_version(server, 2, wait_timeout)
-        except TimeoutError as error:
-            failures.append(str(error))
-    seen = available if available is not None else float("inf")
-
-    def allowed(o):
-        if o.spec.version is not None:
-            return {o.spec.version}
-        return {2} if o.sent > seen else {1, 2}
-
-    failures += check(run, versions, allowed,
-                      unloaded=(1, run.unavailable_polled or run.start))
+    run, available, failures = publish_under_load(
+        server, versions, specs, clients, publish, int(count * fraction), count, tail,
+        wait_timeout=wait_timeout)
     rng = random.Random(seed + 1)
     after_specs = []
     for key in versions.sentences:
@@ -302,33 +289,13 @@ def swaps_run(server, versions, directory, base, swaps, clients=16, count=40, se
                                 os.path.join(str(directory), f"swap-{new}"), base, new)
         specs = mix(versions, 20 * count, seed + k, pinned=old,
                     max_request_bytes=server.max_request_bytes)
-        run = run_load(server, specs, clients, publish=publish, publish_at=count // 4,
-                       new_version=new, minimum=count, tail=count // 3, seconds=wait_timeout)
-        available = run.available_seen
-        if available is None:
-            try:
-                available = wait_for_version(server, new, wait_timeout)
-            except TimeoutError as error:
-                failures.append(f"swap to {new}: {error}")
-                available = float("inf")
-
-        def allowed(o, old=old, new=new, seen=available):
-            if o.spec.version is not None:
-                return {weights_of(o.spec.version)}
-            return ({weights_of(new)} if o.sent > seen
-                    else {weights_of(old), weights_of(new)})
-
-        failures += [f"swap to {new}: {f}" for f in
-                     check(run, versions, allowed,
-                           unloaded=(old, run.unavailable_polled or run.start))]
+        _, _, failed = publish_under_load(server, versions, specs, clients, publish, count // 4,
+                                          count, count // 3, old, new, weights_of, wait_timeout)
+        failures += [f"swap to {new}: {f}" for f in failed]
         wait_for_version(server, new, wait_timeout)
         time.sleep(0.2)
         rss.append(server.rss_mib())
     return failures, rss
-
-
-# ---------------------------------------------------------------------------
-# The benchmark
 
 
 def _summary_line(label, f):
@@ -385,26 +352,20 @@ def main(argv=None):
                 print(f"{mode}: kt-serve at {servers[mode].url}, pid "
                       f"{servers[mode].process.pid}", flush=True)
             for mode, server in servers.items():
-                started = server.rss_mib()
-                warm, failed = warm_up(server, versions, args.clients)
-                failures[mode] = [f"warm-up: {f}" for f in failed]
-                time.sleep(0.5)
-                results[mode] = {"rss_mib": {"started": started, "warm": server.rss_mib()},
-                                 "rounds": []}
-            for mode, server in servers.items():
-                run, after, failed, facts = publication_run(
-                    server, versions, args.clients, args.publish_requests, publishers[mode],
-                    args.seed)
-                failures[mode] += failed
-                time.sleep(0.5)
-                results[mode]["publication"] = {"figures": figures([run]), "swap": facts}
-                results[mode]["rss_mib"]["after_publication"] = server.rss_mib()
-                print(_summary_line(f"{mode} publication round", figures([run])), flush=True)
+                done = scenario(server, versions, publishers[mode], args.clients,
+                                args.publish_requests, args.seed)
+                failures[mode] = done["failures"]
+                rss = done["rss_mib"]
+                results[mode] = {"rss_mib": {"started": rss["started"], "warm": rss["warm"],
+                                             "after_publication": rss["after"]},
+                                 "rounds": [],
+                                 "publication": {"figures": done["figures"],
+                                                 "swap": done["swap"]}}
+                print(_summary_line(f"{mode} publication round", done["figures"]), flush=True)
             per_round = args.requests // args.rounds
             timed = {mode: [] for mode in servers}
             counters = {mode: batching_statistics(server) for mode, server in servers.items()}
-            for r in range(args.rounds):
-                order = list(servers) if r % 2 == 0 else list(servers)[::-1]
+            for r, order in harness.flipped(servers, args.rounds):
                 for mode in order:
                     specs = mix(versions, per_round, args.seed + 100 + r, pinned=2,
                                 max_request_bytes=args.max_request_bytes)
@@ -439,10 +400,9 @@ def main(argv=None):
     load["after"] = os.getloadavg()
     report.update(load_average=load, results=results)
     if "batching" in results and "plain" in results:
-        ratios = [b["requests_per_s"] / p["requests_per_s"] for b, p in
-                  zip(results["batching"]["rounds"], results["plain"]["rounds"])]
-        report["batching_over_plain_requests_per_s"] = {"median": statistics.median(ratios),
-                                                        "rounds": ratios}
+        report["batching_over_plain_requests_per_s"] = harness.ratios(
+            *([r["requests_per_s"] for r in results[mode]["rounds"]]
+              for mode in ("batching", "plain")))
     print(f"{record['cpu']['model']} ({', '.join(record['cpu']['flags'])}), "
           f"{record['cpu']['cores']} cores; load average before {load['before']}, "
           f"after {load['after']}")

@@ -24,6 +24,8 @@ import random
 import threading
 import time
 
+import numpy as np
+
 # Relative tolerance of scores: float32 rounding of a sum of a few dozen log
 # probabilities computed in another batch composition; absolute for scores
 # near zero.
@@ -407,13 +409,8 @@ def version_of(outcome, versions):
 
 
 def _percentile(values, q):
-    if not values:
-        return None
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    """The `q` quantile of `values`, interpolated linearly (None if empty)."""
+    return float(np.quantile(values, q)) if values else None
 
 
 def figures(runs):

@@ -25,7 +25,6 @@ from benchmarks.serve_requests import (
     long_text,
 )
 
-ROOT = harness.ROOT
 NAME = "tiny"
 SEEDS = {1: 20261126, 2: 20261127}
 
@@ -116,7 +115,7 @@ def _run_workers(groups, texts, received, timeout):
     workers = []
     for jobs in groups:
         log = tempfile.TemporaryFile()
-        process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env,
+        process = subprocess.Popen([sys.executable, "-c", code], cwd=harness.ROOT, env=env,
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    stderr=log, text=True)
         process.stdin.write(json.dumps({"jobs": jobs, "texts": texts}))

@@ -23,14 +23,6 @@ import numpy as np
 from benchmarks import harness
 
 
-def peak_rss_bytes():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
 def parse_args(argv=None):
     parser = harness.parser(__doc__, prog="python -m benchmarks serve-work")
     parser.add_argument("--saved-model", required=True,
@@ -62,7 +54,7 @@ def main(argv=None):
     else:
         words = "the dog sees a red cat near the old house".split()
         sentence = " ".join(words[i % len(words)] for i in range(args.words))
-    base = peak_rss_bytes()
+    base = harness.status_mib("VmHWM") * 2**20
     rows = []
     for count in (int(n) for n in args.sentences.split(",")):
         text = np.empty(count, object)
@@ -73,7 +65,7 @@ def main(argv=None):
         start = time.monotonic()
         servable.predict("translate_with_options", inputs)
         seconds = time.monotonic() - start
-        growth = peak_rss_bytes() - base
+        growth = harness.status_mib("VmHWM") * 2**20 - base
         rows.append({"sentences": count, "work": int(work), "seconds": round(seconds, 2),
                      "peak_growth_mib": round(growth / 2**20, 1),
                      "bytes_per_unit": round(growth / work, 1)})
