@@ -22,7 +22,7 @@ import tensorflow as tf
 
 import keras_transformer
 from benchmarks import harness
-from benchmarks.bench_config import TRANSLATE_SHAPE, make_config, random_ids
+from benchmarks.bench_config import TRANSLATE_SHAPE, compiled_model, make_config, random_ids
 from benchmarks.harness import time_rounds
 from benchmarks.speed import train_batch
 
@@ -58,18 +58,10 @@ class Side:
 
     def __init__(self, kt, config, precision, seed):
         keras.utils.set_random_seed(seed)
-        keras.config.set_dtype_policy(precision)
-        try:
-            self.model = kt.Transformer(kt.TransformerConfig(**config.to_dict()))
-            # Weights are made at the first call: here, right after the seed,
-            # so that both sides start from the same ones.
-            ids = np.full((1, 2), 4, "int32")
-            self.model((ids, ids), training=False)
-            self.model.compile(optimizer=kt.transformer_adam(config.d_model),
-                               loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing,
-                                                                 pad_id=config.pad_id))
-        finally:
-            keras.config.set_dtype_policy("float32")
+        # Weights are made at the first call: here, right after the seed, so
+        # that both sides start from the same ones.
+        self.model = compiled_model(kt.TransformerConfig(**config.to_dict()), precision, kt,
+                                    build=True)
         search = importlib.import_module(f"{kt.__name__}.decoding").beam_search_translate
         shape = TRANSLATE_SHAPE
 

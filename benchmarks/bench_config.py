@@ -39,6 +39,30 @@ def make_config(name, overrides=()):
     return kt.get_config(name, **{"vocab_size": BENCH["vocab_size"], **values})
 
 
+def compiled_model(config, precision="float32", kt=None, jit_compile="auto", build=False):
+    """`kt.Transformer(config)` (`kt`: the package, default this checkout's)
+    compiled as kt-train compiles it: Adam on the paper's schedule,
+    label-smoothed cross-entropy. Made, and with `build` built by one call,
+    under the `precision` policy, which is float32 again after."""
+    import keras
+
+    if kt is None:
+        import keras_transformer as kt
+    keras.config.set_dtype_policy(precision)
+    try:
+        model = kt.Transformer(config)
+        if build:
+            ids = np.full((1, 2), 4, "int32")
+            model((ids, ids), training=False)
+        model.compile(optimizer=kt.transformer_adam(config.d_model),
+                      loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing,
+                                                        pad_id=config.pad_id),
+                      jit_compile=jit_compile)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    return model
+
+
 def random_ids(config, batch, length, seed):
     """`(batch, length)` int32 ids above the special ones, so there is no
     padding and no early eos."""

@@ -60,10 +60,7 @@ NOTE = ("CTranslate2's length penalty divides log P by length**alpha, the packag
 def load_test_set(run, args):
     """`(sources, references)`, lists of str."""
     if args.source:
-        from keras_transformer.cli.common import read_lines
-
-        sources = [s.decode("utf-8", "replace") for s in read_lines(args.source)]
-        references = [s.decode("utf-8", "replace") for s in read_lines(args.reference)]
+        sources, references = harness.read_text(args.source), harness.read_text(args.reference)
         if len(sources) != len(references):
             raise ValueError(f"--source has {len(sources)} lines but --reference "
                              f"{len(references)}.")

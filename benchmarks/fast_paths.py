@@ -16,11 +16,8 @@ that TensorFlow gives oneDNN multiplies with Eigen instead.
 
 import statistics
 
-import keras
-
-import keras_transformer as kt
 from benchmarks import harness
-from benchmarks.bench_config import make_config
+from benchmarks.bench_config import compiled_model, make_config
 from benchmarks.harness import time_rounds
 from benchmarks.speed import train_batch
 from keras_transformer import dispatch
@@ -53,14 +50,7 @@ def paths_taken(config, precision):
 def build_step(config, precision, disabled, batch):
     """A compiled model's training step, traced with `disabled` paths off."""
     with dispatch.configured(disabled=disabled):
-        keras.config.set_dtype_policy(precision)
-        try:
-            model = kt.Transformer(config)
-            model.compile(optimizer=kt.transformer_adam(config.d_model),
-                          loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing,
-                                                            pad_id=config.pad_id))
-        finally:
-            keras.config.set_dtype_policy("float32")
+        model = compiled_model(config, precision)
         step = lambda: model.train_on_batch(*batch)  # noqa: E731
         step()  # traced here, with the switches above
     return step

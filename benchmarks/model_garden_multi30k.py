@@ -115,7 +115,6 @@ def main(argv=None):
 
     import tf_keras
 
-    from keras_transformer.cli.common import read_lines
     from keras_transformer.config import get_config
     from keras_transformer.data.batching import token_batches
     from keras_transformer.data.sources import load_pairs
@@ -171,9 +170,8 @@ def main(argv=None):
           f"{len(snapshots)} snapshots.", flush=True)
 
     # As kt-evaluate reads its --source and --reference.
-    sources, references = ([line.decode("utf-8", "replace") for line in read_lines(
-        find_split_file(args.data, args.test_split, lang))]
-        for lang in (args.src_lang, args.tgt_lang))
+    sources, references = (harness.read_text(find_split_file(args.data, args.test_split, lang))
+                           for lang in (args.src_lang, args.tgt_lang))
     if args.test_sentences:
         sources, references = sources[:args.test_sentences], references[:args.test_sentences]
     decode_start = time.perf_counter()

@@ -18,6 +18,7 @@ import glob
 import os
 import re
 import tempfile
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -42,15 +43,28 @@ def read_xspace(path):
     return space
 
 
+def profiled(fn, count):
+    """`(trace, wall seconds per call)` of `count` calls of `fn` under
+    `tf.profiler`, the trace an `XSpace`."""
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir)
+        start = time.perf_counter()
+        for _ in range(count):
+            fn()
+        seconds = (time.perf_counter() - start) / count
+        tf.profiler.experimental.stop()
+        (path,) = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+        return read_xspace(path), seconds
+
+
 def event_kind(name):
     """A trace event's name without its instance number: XLA names a thunk
     after its HLO instruction (`MatMul.1173` -> `MatMul`)."""
     return re.sub(r"\.\d+$", "", name)
 
 
-def thunk_times(xspace_path, searches):
-    """`{kind: (ms per search, count per search)}` from an XSpace file."""
-    space = read_xspace(xspace_path)
+def thunk_times(space, searches):
+    """`{kind: (ms per search, count per search)}` from an XSpace."""
     total, count = collections.Counter(), collections.Counter()
     for plane in space.planes:
         names = {key: meta.name for key, meta in plane.event_metadata.items()}
@@ -88,13 +102,8 @@ def main(argv=None):
                              warmup=3, repeats=args.searches)["search"]
     wall_ms = seconds * 1e3
 
-    with tempfile.TemporaryDirectory() as logdir:
-        tf.profiler.experimental.start(logdir)
-        for _ in range(args.searches):
-            np.asarray(translate(source))
-        tf.profiler.experimental.stop()
-        (path,) = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
-        times = thunk_times(path, args.searches)
+    space, _ = profiled(lambda: np.asarray(translate(source)), args.searches)
+    times = thunk_times(space, args.searches)
 
     print(f"{args.config}, {shape['batch']} sentences x {shape['source_length']} tokens, "
           f"beam {shape['beam_size']}, extra length {args.extra_length}: "

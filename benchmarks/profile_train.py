@@ -28,20 +28,16 @@ step (docs/performance.md).
 """
 
 import collections
-import glob
 import os
 import re
-import tempfile
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
 
 from benchmarks import harness  # noqa: E402
 from benchmarks.bench_config import TRAIN_SHAPE, make_config  # noqa: E402
 from benchmarks.harness import time_rounds  # noqa: E402
-from benchmarks.profile_search import WRAPPERS, event_kind, read_xspace  # noqa: E402
+from benchmarks.profile_search import WRAPPERS, event_kind, profiled  # noqa: E402
 from benchmarks.speed import Ours, random_batch  # noqa: E402
 
 GROUPS = ("matmul", "ops", "xla", "runtime")
@@ -79,10 +75,9 @@ def self_times(events):
     return result
 
 
-def op_times(xspace_path, steps):
-    """`{(group, kind): (ms per step, calls per step)}` from an XSpace file,
-    the CPU plane's threads but the Python one (whose events wrap the rest)."""
-    space = read_xspace(xspace_path)
+def op_times(space, steps):
+    """`{(group, kind): (ms per step, calls per step)}` from an XSpace, the
+    CPU plane's threads but the Python one (whose events wrap the rest)."""
     total, count = collections.Counter(), collections.Counter()
     for plane in space.planes:
         if plane.name != "/host:CPU":
@@ -126,15 +121,9 @@ def main(argv=None):
                              repeats=args.steps)["step"]
     wall_ms = seconds * 1e3
 
-    with tempfile.TemporaryDirectory() as logdir:
-        tf.profiler.experimental.start(logdir)
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            step()
-        profiled_ms = (time.perf_counter() - start) / args.steps * 1e3
-        tf.profiler.experimental.stop()
-        (path,) = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
-        times = op_times(path, args.steps)
+    space, profiled_s = profiled(step, args.steps)
+    profiled_ms = profiled_s * 1e3
+    times = op_times(space, args.steps)
 
     by_group = collections.Counter()
     for (group, _), (ms, _) in times.items():

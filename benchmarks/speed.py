@@ -47,6 +47,7 @@ from benchmarks import harness, model_garden_reference  # noqa: E402
 from benchmarks.bench_config import (  # noqa: E402
     TRAIN_SHAPE,
     TRANSLATE_SHAPE,
+    compiled_model,
     make_config,
     peak_dtype,
     random_ids,
@@ -100,22 +101,11 @@ class Ours:
     name = "keras_transformer"
 
     def __init__(self, config, precision, xla):
-        import keras
-
-        import keras_transformer as kt
-
         self.precision = precision
         self.train_xla, self.translate_xla = {"auto": (False, True), "on": (True, True),
                                               "off": (False, False)}[xla]
-        keras.config.set_dtype_policy(precision)
         self.config = config
-        self.model = kt.Transformer(config)
-        self.model.compile(
-            optimizer=kt.transformer_adam(config.d_model),
-            loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id),
-            jit_compile=self.train_xla,
-        )
-        keras.config.set_dtype_policy("float32")
+        self.model = compiled_model(config, precision, jit_compile=self.train_xla)
 
     def train_step(self, source, target_in, target_out):
         return self.model.train_on_batch((source, target_in), target_out)
