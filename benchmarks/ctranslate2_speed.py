@@ -37,13 +37,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 import tensorflow as tf
 
 from benchmarks import harness
 from benchmarks.bench_config import TRANSLATE_SHAPE, make_config
+from benchmarks.savedmodel_speed import time_batches, time_singles
 from benchmarks.speed import bench_tokenizer_and_sentences
 
 SIGNATURES = ("serving_default", "translate_xla")
@@ -132,13 +132,8 @@ def build(config_name, work_dir, batch_size, column_blocks=1):
 
 def time_saved_model(serve, batch, singles, repeats):
     """`(sentences/s over `repeats` batches, latencies in s)`."""
-    start = time.perf_counter()
-    for _ in range(repeats):
-        serve(text=tf.constant(batch))["translation"].numpy()
-    seconds = time.perf_counter() - start
-    latencies = harness.seconds_each(
-        lambda text: serve(text=tf.constant([text]))["translation"].numpy(), singles)
-    return repeats * len(batch) / seconds, latencies
+    seconds = time_batches(serve, [batch] * repeats)
+    return repeats * len(batch) / seconds, time_singles(serve, singles)
 
 
 def time_ctranslate2(engines, spm, batch, singles, repeats, threads):

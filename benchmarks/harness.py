@@ -50,14 +50,21 @@ def parts(parser, text, known, flag="--what"):
     return chosen
 
 
-def subcommand(name, *args):
-    """`(command, env)` that run `python -m benchmarks <name> <args>` in a
-    fresh process with this interpreter, from any working directory (the
-    repository root leads PYTHONPATH, so `benchmarks` and, without an
-    install, the library are found)."""
+def subcommand_json(name, *args):
+    """Runs `python -m benchmarks <name> <args>` in a fresh process with
+    this interpreter, from any working directory (the repository root leads
+    PYTHONPATH, so `benchmarks` and, without an install, the library are
+    found). Returns its last stdout line parsed as JSON; exits with the
+    tail of its stderr if it fails."""
     path = os.environ.get("PYTHONPATH")
     env = {**os.environ, "PYTHONPATH": ROOT + (os.pathsep + path if path else "")}
-    return [sys.executable, "-m", "benchmarks", name, *args], env
+    done = subprocess.run([sys.executable, "-m", "benchmarks", name, *args],
+                          capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr[-4000:])
+        raise SystemExit(f"python -m benchmarks {name} {' '.join(args)} failed "
+                         f"(exit {done.returncode})")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 # Rounds ------------------------------------------------------------------------

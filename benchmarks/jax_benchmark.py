@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -262,19 +261,14 @@ def main(argv=None):
     passthrough = list(argv if argv is not None else sys.argv[1:])
     for config_name in configs:
         for precision in precisions:
-            command, env = harness.subcommand("jax", *passthrough, "--config", config_name,
-                                      "--precision", precision, "--in-process")
-            out = subprocess.run(command, capture_output=True, text=True, env=env)
-            if out.returncode != 0:
-                sys.stderr.write(out.stderr[-4000:])
-                raise SystemExit(f"{config_name} {precision} failed (exit {out.returncode})")
-            reports.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            reports.append(harness.subcommand_json(
+                "jax", *passthrough, "--config", config_name, "--precision", precision,
+                "--in-process"))
             _print(reports[-1])
             sys.stdout.flush()
-            if args.json:  # after each run: a later one may be cut off
-                with open(args.json, "w") as f:
-                    json.dump({"date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:],
-                               "reports": reports}, f, indent=2)
+            # After each run: a later one may be cut off.
+            harness.write_json({"date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:],
+                                "reports": reports}, args.json)
     return reports
 
 

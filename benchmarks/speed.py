@@ -34,7 +34,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import tempfile
 import time
 
@@ -307,13 +306,10 @@ def bench_memory(args):
         results[name] = {}
         for phase in ("train", "translate"):
             precision = args.precision if name == "ours" else args.reference_precision
-            command, env = harness.subcommand(
+            results[name][phase] = harness.subcommand_json(
                 "speed", "--config", args.config, "--precision", precision, "--what", phase,
                 "--xla", args.xla, "--rounds", "1", "--train-steps", "3",
                 "--translate-repeats", "1", "--only", name, "--report-peak-memory")
-            out = subprocess.run(command, capture_output=True, text=True, check=True,
-                                 env=env).stdout
-            results[name][phase] = json.loads(out.strip().splitlines()[-1])
     return results
 
 
