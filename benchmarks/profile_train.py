@@ -96,8 +96,7 @@ def op_times(space, steps):
 def main(argv=None):
     parser = harness.parser(__doc__)
     parser.add_argument("--config", default="bench", help="'bench' or a preset name")
-    parser.add_argument("--precision", default="float32",
-                        choices=["float32", "mixed_bfloat16", "mixed_float16"])
+    parser.add_argument("--precision", default="float32", choices=harness.PRECISIONS)
     parser.add_argument("--xla", default="auto", choices=["auto", "on", "off"],
                         help="as speed's: auto and off train without XLA")
     parser.add_argument("--batch", type=int, default=TRAIN_SHAPE["batch"])
