@@ -8,6 +8,11 @@ import keras
 import pytest
 
 import keras_transformer as kt
+from keras_transformer import startup
+
+# The tests trace and export many models in each worker: the collector at
+# the kt-* commands' thresholds (startup.collect_less).
+startup.collect_less()
 
 # Helpers the test modules import live in tests/support/ (`from support.common
 # import random_ids`): pytest puts this directory on sys.path for this conftest.

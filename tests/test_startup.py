@@ -42,9 +42,13 @@ def python(code, env=None, args=()):
 
 
 # mallinfo2's fields: arena (heap bytes) and hblkhd (bytes in mmapped blocks).
+# malloc.py is loaded by its path: through the package, whose __init__
+# imports TensorFlow, each probe would start TensorFlow's threads and heap.
 MALLOC_PROBE = """
-import ctypes, json, sys, threading
-from keras_transformer import malloc
+import ctypes, importlib.util, json, sys, threading
+spec = importlib.util.spec_from_file_location("kt_malloc", sys.argv[2])
+malloc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(malloc)
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
@@ -78,7 +82,7 @@ libc.malloc_stats()  # one "Arena N:" block per arena, on stderr
 
 
 def malloc_probe(mode, **env):
-    out = python(MALLOC_PROBE, env=clean_env(**env), args=[mode])
+    out = python(MALLOC_PROBE, env=clean_env(**env), args=[mode, malloc.__file__])
     result = json.loads(out.stdout)
     result["arenas"] = len(re.findall(r"^Arena \d+:", out.stderr, re.M))
     return result
@@ -169,7 +173,8 @@ def test_every_command_starts_up_before_it_imports_tensorflow():
                 continue
             for module in modules:
                 top = module.split(".")[0]
-                assert module.startswith(("keras_transformer.cli", "keras_transformer.startup")) or (
+                assert module.startswith(
+                    ("keras_transformer.cli", "keras_transformer.startup")) or (
                     top in sys.stdlib_module_names), (name, module)
         main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
         body = main.body[1:] if ast.get_docstring(main) else main.body
@@ -218,12 +223,27 @@ def test_the_malloc_switches_reach_the_command():
     args = ["keras_transformer.cli.average", "--help"]
     said = run_command(args, KT_VERBOSE="1").stderr
     assert "tuned with mallopt {'MALLOC_MMAP_MAX_': 0" in said
+    assert f"kt: garbage collector thresholds {startup.GC_THRESHOLDS}\n" in said
     said = run_command(args, KT_VERBOSE="1", MALLOC_ARENA_MAX="2").stderr
     assert "from the environment {'MALLOC_ARENA_MAX': '2'}" in said
     for off in (run_command(args + ["--system-malloc"], KT_VERBOSE="1"),
                 run_command(args, KT_VERBOSE="1", KT_FAST_MALLOC="0")):
         assert off.returncode == 0
         assert off.stderr.startswith("kt: glibc malloc left at its defaults")
+
+
+def test_the_collector_runs_less_often_unless_the_process_chose():
+    import gc
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(*startup.PYTHON_GC_THRESHOLDS)
+        assert startup.collect_less() == startup.GC_THRESHOLDS == gc.get_threshold()
+        assert startup.GC_THRESHOLDS[0] > startup.PYTHON_GC_THRESHOLDS[0]
+        gc.set_threshold(5000, 20, 20)
+        assert startup.collect_less() == (5000, 20, 20) == gc.get_threshold()
+    finally:
+        gc.set_threshold(*before)
 
 
 def test_the_commands_it_recognises_are_the_console_scripts():
