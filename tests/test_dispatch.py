@@ -157,8 +157,9 @@ def _train_step_kernels(monkeypatch, config):
 def test_every_path_is_taken_where_it_applies_and_none_when_off(monkeypatch):
     # d_ff and the vocabulary a multiple of 2,048, dropout on: under Eigen
     # every path applies (attention compiles only without attention
-    # dropout, which the tiny preset has none of).
-    config = kt.get_config("tiny", vocab_size=2048, d_ff=2048, dropout=0.1)
+    # dropout, which the tiny preset has none of). One layer: each layer
+    # takes the same paths, and the four steps trace a smaller graph.
+    config = kt.get_config("tiny", vocab_size=2048, d_ff=2048, dropout=0.1, num_layers=1)
     force_matmul_kernels(monkeypatch, "eigen")
     assert _train_step_kernels(monkeypatch, config) == {
         "dense", "logits", "attention", "label_smoothed_cross_entropy", "dropout",

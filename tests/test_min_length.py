@@ -98,19 +98,23 @@ def test_forbid_early_eos_is_masking_the_logit_before_the_softmax():
 
 def eos_loving():
     """A tiny model whose every output position prefers eos (the decoder's
-    last norm emits a multiple of eos's embedding row), with its tokenizer."""
+    last norm emits a multiple of eos's embedding row), with its tokenizer.
+    One layer: what is checked is the search's, whatever the depth, and
+    each engine traces a smaller graph."""
     tok = kt.SubwordTokenizer.train(CORPUS, vocab_size=400)
-    model = kt.Transformer(kt.get_config("tiny", tokenizer=tok, max_length=24, dropout=0.0))
+    model = kt.Transformer(kt.get_config("tiny", tokenizer=tok, max_length=24, dropout=0.0,
+                                         num_layers=1))
     model.build()
     table_ = model.weights[0]
     rows = keras.ops.convert_to_numpy(table_).copy()
     rows[tok.eos_id] *= 4.0 / np.linalg.norm(rows[tok.eos_id])
     table_.assign(rows)
-    for weight in model.weights:
-        if weight.path.endswith("decoder/layer_1/feed_forward_block/norm/gamma"):
-            weight.assign(np.zeros(weight.shape, "float32"))
-        if weight.path.endswith("decoder/layer_1/feed_forward_block/norm/beta"):
-            weight.assign(rows[tok.eos_id])
+    last_norm = [w for w in model.weights
+                 if w.path.startswith("transformer/decoder/layer_0/feed_forward_block/norm/")]
+    assert sorted(w.path.rsplit("/", 1)[1] for w in last_norm) == ["beta", "gamma"]
+    for weight in last_norm:
+        weight.assign(np.zeros(weight.shape, "float32") if weight.path.endswith("gamma")
+                      else rows[tok.eos_id])
     return model, tok
 
 

@@ -17,7 +17,7 @@ from support.processes import ENV, ROOT, write_corpus
 
 
 def run_recipe(tmp_path, **settings):
-    """scripts/multi30k.sh on a tiny corpus for 0.25 minutes; `settings`:
+    """scripts/multi30k.sh on a tiny corpus for 0.15 minutes; `settings`:
     its environment variables. Returns `(completed process, run directory)`."""
     data = tmp_path / "multi30k"
     data.mkdir()
@@ -27,7 +27,7 @@ def run_recipe(tmp_path, **settings):
         with gzip.open(data / f"test_2016_flickr.{lang}.gz", "wt") as f:
             f.write("\n".join(lines) + "\n")
     run = tmp_path / "run"
-    env = {**ENV, "DATA": str(data), "RUN_DIR": str(run), "MINUTES": "0.25", **settings}
+    env = {**ENV, "DATA": str(data), "RUN_DIR": str(run), "MINUTES": "0.15", **settings}
     out = subprocess.run(
         ["bash", os.path.join(ROOT, "scripts", "multi30k.sh"), "--config", "tiny",
          "--vocab-size", "400", "--batch-tokens", "128", "--max-length", "64",
@@ -41,7 +41,7 @@ def run_recipe(tmp_path, **settings):
 @pytest.mark.parametrize("selection", ["last", "best"])
 def test_the_recipe_runs_on_a_time_budget(tmp_path, selection):
     out, run = run_recipe(tmp_path, SELECTION=selection)
-    stopped = re.search(r"Stopping after 0\.2 minutes of training \(--max-minutes\) at step "
+    stopped = re.search(r"Stopping after 0\.1 minutes of training \(--max-minutes\) at step "
                         r"(\d+)", out.stdout)
     assert stopped, out.stdout[-3000:]
     step = int(stopped.group(1))
@@ -79,7 +79,7 @@ def test_members_train_side_by_side_and_translate_as_one_ensemble(tmp_path):
     out, run = run_recipe(tmp_path, MEMBERS="2")
     second = tmp_path / "run-2"
     for k in (1, 2):
-        assert re.search(rf"^\[{k}\] Stopping after 0\.2 minutes of training", out.stdout,
+        assert re.search(rf"^\[{k}\] Stopping after 0\.1 minutes of training", out.stdout,
                          re.M), out.stdout[-3000:]
     args = json.loads((second / "train_args.json").read_text())
     assert args["seed"] == 2 and args["vocab"] == f"{run}/vocab.model"
