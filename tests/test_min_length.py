@@ -110,7 +110,7 @@ def eos_loving():
     rows[tok.eos_id] *= 4.0 / np.linalg.norm(rows[tok.eos_id])
     table_.assign(rows)
     last_norm = [w for w in model.weights
-                 if w.path.startswith("transformer/decoder/layer_0/feed_forward_block/norm/")]
+                 if "/decoder/layer_0/feed_forward_block/norm/" in w.path]
     assert sorted(w.path.rsplit("/", 1)[1] for w in last_norm) == ["beta", "gamma"]
     for weight in last_norm:
         weight.assign(np.zeros(weight.shape, "float32") if weight.path.endswith("gamma")
