@@ -102,9 +102,9 @@ def test_members_must_share_the_vocabulary_and_ids(field, value):
 def run_pair(tmp_path):
     """Two run directories with one vocabulary and other weights."""
     keras.utils.set_random_seed(1)
-    first = make_run_directory(str(tmp_path / "a"))
+    first = make_run_directory(str(tmp_path / "a"), num_layers=1)
     keras.utils.set_random_seed(2)
-    second = make_run_directory(str(tmp_path / "b"))
+    second = make_run_directory(str(tmp_path / "b"), num_layers=1)
     assert first.load_tokenizer().model_proto == second.load_tokenizer().model_proto
     return first, second
 

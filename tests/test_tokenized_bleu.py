@@ -60,7 +60,7 @@ def test_it_ignores_case_and_punctuation_style_and_sacrebleu_does_not():
 
 
 def test_kt_evaluate_prints_it_on_its_own_labelled_line(tmp_path):
-    run = make_run_directory(str(tmp_path / "run"))
+    run = make_run_directory(str(tmp_path / "run"), num_layers=1)
     source, reference = tmp_path / "src", tmp_path / "ref"
     source.write_text("Ein Mann fährt.\nDie Mädchen laufen.\n", encoding="utf-8")
     reference.write_text("A man rides.\nThe girls run.\n", encoding="utf-8")

@@ -23,11 +23,16 @@ from test_tokenizer import CORPUS
 SOURCES = ["Ein Mann fährt mit dem Fahrrad.", "", "Die Mädchen überqueren die Straße."]
 
 
-def make_run_directory(path):
+def make_run_directory(path, num_layers=None):
+    """A run directory of an untrained tiny model at step 100: its config,
+    vocabulary and checkpoint. `num_layers` overrides the preset's 2 for
+    tests of the commands' plumbing, where depth checks nothing and a
+    shallower model traces sooner."""
     tokenizer = SubwordTokenizer(train_sentencepiece(CORPUS, vocab_size=400))
+    depth = {} if num_layers is None else {"num_layers": num_layers}
     config = kt.get_config("tiny", vocab_size=tokenizer.vocab_size, max_length=16,
                            pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id,
-                           eos_id=tokenizer.eos_id)
+                           eos_id=tokenizer.eos_id, **depth)
     run = RunDirectory(path)
     run.save_config(config)
     run.save_tokenizer(tokenizer)
