@@ -162,6 +162,35 @@ def test_tensorflow_path_draws_its_mask_from_philox():
     assert not np.array_equal(portable.numpy() != 0, y.numpy() != 0)
 
 
+@pytest.mark.parametrize("size", [1, 7, 8, 9, 40320, 40960, 40961, 2**20, 2**20 + 1, 10**7])
+def test_bits_are_drawn_for_a_rounded_length_and_equal_the_exact_draw(size):
+    length = int(philox_dropout.bits_length(size))
+    assert size <= length <= max(8, size * 1.25 + 8) and length % 8 == 0
+    if size <= 2**20 + 1:
+        key = tf.constant([5, 9], tf.uint32)
+        drawn = philox_dropout.draw_bits(size, key).numpy()
+        assert drawn.shape == (length,) and drawn.dtype == np.uint16
+        exact = philox_dropout.random_halfwords(tf.constant([size]), tf.unstack(key))
+        np.testing.assert_array_equal(drawn[:size], exact.numpy())
+
+
+def test_new_shapes_mostly_reuse_the_generator_s_lengths():
+    # Activation sizes of a token-budgeted batch vary by a few percent from
+    # step to step: they fall on few generator lengths (each one compiles
+    # the generator once), and the per-shape cluster has no generator in it.
+    sizes = [b * t * 128 for b in range(12, 17) for t in range(20, 27)]
+    lengths = {int(philox_dropout.bits_length(n)) for n in sizes}
+    assert len(lengths) <= 4 < len(set(sizes))
+    x = tf.ones((3, 5, 8))
+    bits = philox_dropout.draw_bits(tf.size(x), tf.constant([1, 2], tf.uint32))
+    graph = philox_dropout._forward.get_concrete_function(
+        x, x, bits, tf.constant(1, tf.int32), tf.constant(1.0)).graph
+    assert not any(t.dtype == tf.uint64 for op in graph.get_operations() for t in op.outputs)
+    generator = philox_dropout._bits.get_concrete_function(
+        philox_dropout.bits_length(tf.size(x)), tf.constant([1, 2], tf.uint32)).graph
+    assert any(t.dtype == tf.uint64 for op in generator.get_operations() for t in op.outputs)
+
+
 @pytest.mark.parametrize("portable", [False, True], ids=["philox_xla", "keras_random"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_residual_add_and_its_gradients(dtype, portable):

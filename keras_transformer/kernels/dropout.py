@@ -9,12 +9,16 @@ Philox one counter at a time), plus the residual add and the norm's ~20 ops
 after it, each slow in the graph executor in bfloat16. Here the same
 generator, Philox-4x32-10 (Salmon et al. 2011, "Parallel random numbers: as
 easy as 1, 2, 3"; the generator TensorFlow's stateless ops use), is written
-out in integer ops so that XLA vectorizes it, and fused with the rest:
-`dropout` (optionally followed by the residual add) and `dropout_add_norm`
-(the post-LN sub-layer connection, `LayerNorm(x + Dropout(Sublayer(x)))`,
-sections 3.1 and 5.4) are one cluster forward and one backward. The same
-threshold, scale and statistics as the portable form, from a different
-stream of bits.
+out in integer ops so that XLA vectorizes it. The bits come from a cluster
+of their own (`draw_bits`), compiled per rounded length, and the rest is
+fused: `dropout` (optionally followed by the residual add) and
+`dropout_add_norm` (the post-LN sub-layer connection,
+`LayerNorm(x + Dropout(Sublayer(x)))`, sections 3.1 and 5.4) are one cluster
+forward and one backward. XLA compiles a cluster for each input shape, and
+batches padded to their longest sentence come in many shapes: the
+generator, most of a cluster's compile time, is compiled for a few lengths
+only (`bits_length`). The same threshold, scale and statistics as the
+portable form, from a different stream of bits.
 
 TensorFlow only (`tf.function(jit_compile=True)`); only training runs it,
 so exported serving signatures stay XLA-free.
@@ -22,6 +26,7 @@ so exported serving signatures stay XLA-free.
 
 
 import functools
+import math
 
 import tensorflow as tf
 
@@ -31,6 +36,12 @@ from keras_transformer.ops import layer_norm
 _MULTIPLIERS = (0xD2511F53, 0xCD9E8D57)
 _KEY_INCREMENTS = (0x9E3779B9, 0xBB67AE85)
 ROUNDS = 10
+# Random bits are drawn for a flat length rounded up to one of this many
+# sizes per power of two (`bits_length`): each new activation shape then
+# compiles only the small cluster that uses them, and few compile the
+# generator, whose ten unrolled rounds are most of a cluster's compile time.
+# Element i's bits depend on i alone, so the rounding changes no mask.
+BITS_STEPS_PER_OCTAVE = 4
 
 
 def _mulhilo(a, multiplier):
@@ -75,9 +86,35 @@ def random_halfwords(shape, key):
     return tf.reshape(halfwords[:size], shape)
 
 
-def _keep(shape, key, threshold):
-    """The keep mask: each element's 16 random bits are >= `threshold`."""
-    return random_halfwords(shape, tf.unstack(key)) >= tf.cast(threshold, tf.uint16)
+def bits_length(size):
+    """How many random halfwords are drawn for `size` elements: `size`
+    rounded up to a multiple of `2**floor(log2 size) / BITS_STEPS_PER_OCTAVE`
+    (and of 8), so at most a quarter more. An int64 scalar tensor."""
+    size = tf.cast(size, tf.int64)
+    octave = tf.floor(tf.math.log(tf.cast(tf.maximum(size, 1), tf.float64)) / math.log(2.0))
+    step = tf.maximum(tf.cast(tf.pow(tf.constant(2.0, tf.float64), octave), tf.int64)
+                      // BITS_STEPS_PER_OCTAVE, 8)
+    return (size + step - 1) // step * step
+
+
+@functools.partial(tf.function, jit_compile=True, autograph=False, reduce_retracing=True)
+def _bits(length, key):
+    """`random_halfwords([length], key)`: one compilation per `length`."""
+    return random_halfwords(tf.reshape(length, [1]), tf.unstack(key))
+
+
+def draw_bits(size, key):
+    """The random halfwords of `size` elements under `key` (a `(2,)` uint32
+    tensor), as a 1-D uint16 tensor of `bits_length(size)`: element `i` is
+    `random_halfwords`'s element `i`, whatever the padding."""
+    return _bits(bits_length(size), key)
+
+
+def _keep(bits, shape, threshold):
+    """The keep mask of `shape` from `draw_bits`'s `bits`: each element's 16
+    random bits are >= `threshold`."""
+    size = tf.reduce_prod(shape)
+    return tf.reshape(bits[:size], shape) >= tf.cast(threshold, tf.uint16)
 
 
 def _masked(keep, x, scale):
@@ -88,9 +125,9 @@ def _masked(keep, x, scale):
 
 
 @functools.partial(tf.function, jit_compile=True, autograph=False, reduce_retracing=True)
-def _forward(x, residual, key, threshold, scale):
+def _forward(x, residual, bits, threshold, scale):
     """`(residual + dropout(x), keep)`, without `residual` when it is None."""
-    keep = _keep(tf.shape(x), key, threshold)
+    keep = _keep(bits, tf.shape(x), threshold)
     dropped = _masked(keep, x, scale)
     if residual is None:
         return tf.cast(dropped, x.dtype), keep
@@ -103,8 +140,8 @@ def _backward(upstream, keep, scale):
 
 
 @tf.custom_gradient
-def _dropout(x, key, threshold, scale):
-    out, keep = _forward(x, None, key, threshold, scale)
+def _dropout(x, bits, threshold, scale):
+    out, keep = _forward(x, None, bits, threshold, scale)
 
     def grad(upstream):
         return tf.cast(_backward(upstream, keep, scale), x.dtype), None, None, None
@@ -113,8 +150,8 @@ def _dropout(x, key, threshold, scale):
 
 
 @tf.custom_gradient
-def _dropout_add(x, residual, key, threshold, scale):
-    out, keep = _forward(x, residual, key, threshold, scale)
+def _dropout_add(x, residual, bits, threshold, scale):
+    out, keep = _forward(x, residual, bits, threshold, scale)
 
     def grad(upstream):
         dx = tf.cast(_backward(upstream, keep, scale), x.dtype)
@@ -124,9 +161,9 @@ def _dropout_add(x, residual, key, threshold, scale):
 
 
 @functools.partial(tf.function, jit_compile=True, autograph=False, reduce_retracing=True)
-def _forward_norm(x, residual, gamma, beta, key, threshold, scale, epsilon):
+def _forward_norm(x, residual, gamma, beta, bits, threshold, scale, epsilon):
     """`(LayerNorm(residual + dropout(x)), keep, x_hat, inverse_std)`."""
-    keep = _keep(tf.shape(x), key, threshold)
+    keep = _keep(bits, tf.shape(x), threshold)
     summed = tf.cast(residual, tf.float32) + _masked(keep, x, scale)
     x_hat, inverse_std = layer_norm.normalize(summed, epsilon)
     return tf.cast(x_hat * gamma + beta, residual.dtype), keep, x_hat, inverse_std
@@ -142,8 +179,8 @@ def _backward_norm(upstream, keep, x_hat, inverse_std, gamma, scale):
 
 
 @tf.custom_gradient
-def _dropout_add_norm(x, residual, gamma, beta, key, threshold, scale, epsilon):
-    out, keep, x_hat, inverse_std = _forward_norm(x, residual, gamma, beta, key, threshold,
+def _dropout_add_norm(x, residual, gamma, beta, bits, threshold, scale, epsilon):
+    out, keep, x_hat, inverse_std = _forward_norm(x, residual, gamma, beta, bits, threshold,
                                                   scale, epsilon)
 
     def grad(upstream):
@@ -181,12 +218,12 @@ def dropout(x, threshold, scale, seed, residual=None):
     Returns: `x`'s shape, `residual`'s dtype when given, else `x`'s.
     Gradients: the mask times `scale` for `x`, the identity for `residual`.
     """
-    key = seed_key(seed)
+    bits = draw_bits(tf.size(x), seed_key(seed))
     threshold = tf.constant(threshold, tf.int32)
     scale = tf.constant(scale, tf.float32)
     if residual is None:
-        return _dropout(x, key, threshold, scale)
-    return _dropout_add(x, residual, key, threshold, scale)
+        return _dropout(x, bits, threshold, scale)
+    return _dropout_add(x, residual, bits, threshold, scale)
 
 
 def dropout_add_norm(x, residual, gamma, beta, epsilon, threshold, scale, seed):
@@ -202,6 +239,6 @@ def dropout_add_norm(x, residual, gamma, beta, epsilon, threshold, scale, seed):
     Returns: `(..., d)` in `residual`'s dtype; statistics in float32 (the
     math of `ops/layer_norm.py`, which this calls).
     """
-    return _dropout_add_norm(x, residual, gamma, beta, seed_key(seed),
+    return _dropout_add_norm(x, residual, gamma, beta, draw_bits(tf.size(x), seed_key(seed)),
                              tf.constant(threshold, tf.int32), tf.constant(scale, tf.float32),
                              tf.constant(epsilon, tf.float32))
