@@ -34,6 +34,15 @@ run's search defaults. Then:
 4. Threads: the int8 engine's single-sentence latency (p50 over
    `--singles` sentences) with intra_threads 1 and 2.
 
+With `--ctranslate2-export DIR` (an export's version directory, such as
+`saved_models/multi30k_en_de_ct2/1`) parts 2 and 4 time that export instead
+of the run's, on the sentences of `--source-file` (one per line; default
+the held-out test sentences):
+
+    python -m benchmarks serve-engines --parts overhead \
+        --ctranslate2-export saved_models/multi30k_en_de_ct2/1 \
+        --source-file ../shared/data/multi30k/val.en
+
 CTranslate2 runs with `--ctranslate2-threads` intra threads in every part
 but 4. The result goes to
 `benchmarks/results/<cpu>_<date>_<commit>_serve-engines.json`.
@@ -368,21 +377,45 @@ def main(argv=None):
                         help="also time kt-serve at this commit in the overhead part")
     parser.add_argument("--parts", default="match,overhead,load,threads",
                         help="which of the four parts to run (comma-separated)")
+    parser.add_argument("--ctranslate2-export", metavar="DIR",
+                        help="time this CTranslate2 export (a version directory) instead "
+                             "of the run's int8 one; parts overhead and threads only")
+    parser.add_argument("--source-file", metavar="FILE",
+                        help="the sentences to translate, one per line (default: the "
+                             "built-in corpus's held-out test sentences)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     parts = harness.parts(parser, args.parts, ["match", "overhead", "load", "threads"],
                           "--parts")
+    if args.ctranslate2_export and parts - {"overhead", "threads"}:
+        parser.error("--ctranslate2-export times an export alone: --parts overhead,threads "
+                     f"at most, not {','.join(sorted(parts - {'overhead', 'threads'}))}")
+    if args.ctranslate2_export and not os.path.isfile(
+            os.path.join(args.ctranslate2_export, "model.bin")):
+        parser.error(f"--ctranslate2-export {args.ctranslate2_export}: no model.bin there "
+                     "(give an export's version directory)")
     from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
 
     record = harness.record()
     report = {**record, "run_dir": args.run_dir, "args": vars(args)}
-    with tempfile.TemporaryDirectory() as work_dir:
-        saved_model, engines, translator = export_all(args.run_dir, args.checkpoint, work_dir)
-        report["defaults"] = defaults = {"beam_size": translator.beam_size,
-                                         "alpha": translator.alpha,
-                                         "extra_length": translator.extra_length}
+    if args.source_file:
+        sentences = [line for line in harness.read_text(args.source_file)
+                     if line.strip()][:args.sentences]
+    else:
         sentences = harness.held_out(args.sentences)[0]
-        int8_base = os.path.dirname(engines["int8"])
+    with tempfile.TemporaryDirectory() as work_dir:
+        if args.ctranslate2_export:
+            from keras_transformer.export.ctranslate2 import read_ctranslate2_metadata
+
+            engines = {"int8": args.ctranslate2_export}
+            report["defaults"] = read_ctranslate2_metadata(args.ctranslate2_export)["defaults"]
+        else:
+            saved_model, engines, translator = export_all(args.run_dir, args.checkpoint,
+                                                          work_dir)
+            report["defaults"] = {"beam_size": translator.beam_size, "alpha": translator.alpha,
+                                  "extra_length": translator.extra_length}
+        defaults = report["defaults"]
+        int8_base = os.path.dirname(os.path.abspath(engines["int8"]))
         if "match" in parts:
             report["match"] = match(saved_model, engines["float32"], sentences, defaults,
                                     args.ctranslate2_threads)

@@ -212,3 +212,29 @@ def test_corpus_input_is_all_different_sentences_up_to_the_cap(tmp_path):
     assert lines[200:] == lines[:100]
     with pytest.raises(SystemExit):
         main(["--saved-model", "m", "--parts", "memory,speed"])
+
+
+def test_serve_engines_times_a_shipped_export_on_a_sentence_file(tmp_path):
+    """`serve-engines --ctranslate2-export`: the shipped int8 export, the
+    sentences of `--source-file`, the export's own search defaults; parts
+    that need a run directory are refused."""
+    export = os.path.join(ROOT, "saved_models", "multi30k_en_de_ct2", "1")
+    pytest.importorskip("ctranslate2")
+    refused = run("--ctranslate2-export", export, "--parts", "overhead,load", check=False,
+                  subcommand="serve-engines")
+    assert refused.returncode == 2 and "--parts overhead,threads at most, not load" in (
+        refused.stderr)
+    missing = run("--ctranslate2-export", str(tmp_path), "--parts", "threads", check=False,
+                  subcommand="serve-engines")
+    assert missing.returncode == 2 and "no model.bin there" in missing.stderr
+    sources = tmp_path / "sources.en"
+    sources.write_text("A dog runs on the beach.\n\nTwo men play football.\nA red car.\n")
+    out = tmp_path / "report.json"
+    run("--ctranslate2-export", export, "--source-file", str(sources), "--parts", "threads",
+        "--singles", "3", "--json", str(out), subcommand="serve-engines")
+    report = json.loads(out.read_text())
+    with open(os.path.join(export, "keras_transformer.json")) as f:
+        assert report["defaults"] == json.load(f)["defaults"]
+    assert report["args"]["ctranslate2_export"] == export
+    assert 0 < report["threads"]["intra_1_p50_ms"] < 10_000
+    assert 0 < report["threads"]["intra_2_p50_ms"] < 10_000
