@@ -273,12 +273,19 @@ def cpu_kind(cpu_fields):
     return "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "cpu"
 
 
-def result_path(fields, kind):
-    """`benchmarks/results/<cpu kind>_<date>_<commit>_<kind>.json` for a
-    result whose provenance is `fields` (`record()`)."""
-    return os.path.join(ROOT, "benchmarks", "results",
-                        f"{cpu_kind(fields['cpu'])}_{time.strftime('%Y-%m-%d')}_"
-                        f"{fields['commit'].split('+')[0]}_{kind}.json")
+def result_path(fields, kind, directory=None):
+    """`<cpu kind>_<date>_<commit>_<kind>.json` in `directory` (default
+    `benchmarks/results/`) for a result whose provenance is `fields`
+    (`record()`). A file already there is not overwritten: the next result
+    of the same kind, commit and day gets `-2`, `-3`, ... before `.json`."""
+    directory = directory or os.path.join(ROOT, "benchmarks", "results")
+    stem = os.path.join(directory, f"{cpu_kind(fields['cpu'])}_{time.strftime('%Y-%m-%d')}_"
+                                   f"{fields['commit'].split('+')[0]}_{kind}")
+    path, n = f"{stem}.json", 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{stem}-{n}.json"
+    return path
 
 
 def write_json(document, path, indent=2):

@@ -238,3 +238,20 @@ def test_serve_engines_times_a_shipped_export_on_a_sentence_file(tmp_path):
     assert report["args"]["ctranslate2_export"] == export
     assert 0 < report["threads"]["intra_1_p50_ms"] < 10_000
     assert 0 < report["threads"]["intra_2_p50_ms"] < 10_000
+
+
+def test_a_second_result_of_the_same_day_and_commit_gets_its_own_file(tmp_path):
+    import time
+
+    from benchmarks import harness
+
+    fields = {"cpu": {"flags": ["avx2", "avx512f"]}, "commit": "abc1234+changes"}
+    first = harness.result_path(fields, "serve-engines", str(tmp_path))
+    assert os.path.basename(first) == (
+        f"avx512_{time.strftime('%Y-%m-%d')}_abc1234_serve-engines.json")
+    harness.write_json({"run": 1}, first)
+    second = harness.result_path(fields, "serve-engines", str(tmp_path))
+    assert second == first[:-len(".json")] + "-2.json"
+    harness.write_json({"run": 2}, second)
+    assert harness.result_path(fields, "serve-engines", str(tmp_path)).endswith("-3.json")
+    assert json.loads(open(first).read()) == {"run": 1}
