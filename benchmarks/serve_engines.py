@@ -35,7 +35,8 @@ run's search defaults. Then:
    `--singles` sentences) with intra_threads 1 and 2.
 
 With `--ctranslate2-export DIR` (an export's version directory, such as
-`saved_models/multi30k_en_de_ct2/1`) parts 2 and 4 time that export instead
+`saved_models/multi30k_en_de_ct2/1`, or the directory of its versions: the
+newest) parts 2 and 4 time that export instead
 of the run's, on the sentences of `--source-file` (one per line; default
 the held-out test sentences):
 
@@ -378,8 +379,9 @@ def main(argv=None):
     parser.add_argument("--parts", default="match,overhead,load,threads",
                         help="which of the four parts to run (comma-separated)")
     parser.add_argument("--ctranslate2-export", metavar="DIR",
-                        help="time this CTranslate2 export (a version directory) instead "
-                             "of the run's int8 one; parts overhead and threads only")
+                        help="time this CTranslate2 export (a version directory, or the "
+                             "directory of versions: the newest) instead of the run's int8 "
+                             "one; parts overhead and threads only")
     parser.add_argument("--source-file", metavar="FILE",
                         help="the sentences to translate, one per line (default: the "
                              "built-in corpus's held-out test sentences)")
@@ -390,11 +392,18 @@ def main(argv=None):
     if args.ctranslate2_export and parts - {"overhead", "threads"}:
         parser.error("--ctranslate2-export times an export alone: --parts overhead,threads "
                      f"at most, not {','.join(sorted(parts - {'overhead', 'threads'}))}")
-    if args.ctranslate2_export and not os.path.isfile(
-            os.path.join(args.ctranslate2_export, "model.bin")):
-        parser.error(f"--ctranslate2-export {args.ctranslate2_export}: no model.bin there "
-                     "(give an export's version directory)")
+    from keras_transformer.export.ctranslate2 import (
+        read_ctranslate2_metadata,
+        resolve_ctranslate2_dir,
+    )
     from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
+
+    export_defaults = None
+    if args.ctranslate2_export:
+        try:
+            export_defaults = read_ctranslate2_metadata(args.ctranslate2_export)["defaults"]
+        except FileNotFoundError as e:
+            parser.error(f"--ctranslate2-export: {e}")
 
     record = harness.record()
     report = {**record, "run_dir": args.run_dir, "args": vars(args)}
@@ -405,10 +414,8 @@ def main(argv=None):
         sentences = harness.held_out(args.sentences)[0]
     with tempfile.TemporaryDirectory() as work_dir:
         if args.ctranslate2_export:
-            from keras_transformer.export.ctranslate2 import read_ctranslate2_metadata
-
-            engines = {"int8": args.ctranslate2_export}
-            report["defaults"] = read_ctranslate2_metadata(args.ctranslate2_export)["defaults"]
+            engines = {"int8": resolve_ctranslate2_dir(args.ctranslate2_export)}
+            report["defaults"] = export_defaults
         else:
             saved_model, engines, translator = export_all(args.run_dir, args.checkpoint,
                                                           work_dir)
