@@ -52,7 +52,9 @@ def test_every_carriage_return_is_dropped_plain_and_gzipped(tmp_path):
 
 def test_lines_are_not_mapped_one_by_one(tmp_path):
     # A map call per line costs many times the reading (docs/performance.md).
-    # The reference, line by line, runs in the same process.
+    # The reference, line by line, runs in the same process, in alternating
+    # rounds; each side's best round counts, in CPU seconds of this process
+    # (tf.data's threads included), so other processes' load does not count.
     lines = [f"sentence number {i}\r" for i in range(6000)]
     src = write(tmp_path / "a.en", lines)
     tgt = write(tmp_path / "a.de", lines)
@@ -62,14 +64,18 @@ def test_lines_are_not_mapped_one_by_one(tmp_path):
             lambda line: tf.strings.regex_replace(line, "\r$", ""))
 
     def seconds(dataset):
-        started = time.perf_counter()
+        started = time.process_time()
         pairs = [p for batch in dataset.batch(1024).as_numpy_iterator() for p in zip(*batch)]
-        return time.perf_counter() - started, pairs
+        return time.process_time() - started, pairs
 
-    reference, expected = seconds(tf.data.Dataset.zip(per_line(src), per_line(tgt)))
-    ours, pairs = seconds(text_files.parallel_text_dataset(src, tgt, validate=False))
-    assert pairs == expected and pairs[5][0] == b"sentence number 5"
-    assert ours * 3 < reference, (ours, reference)
+    reference, ours = [], []
+    for _ in range(3):
+        spent, expected = seconds(tf.data.Dataset.zip(per_line(src), per_line(tgt)))
+        reference.append(spent)
+        spent, pairs = seconds(text_files.parallel_text_dataset(src, tgt, validate=False))
+        ours.append(spent)
+        assert pairs == expected and pairs[5][0] == b"sentence number 5"
+    assert min(ours) * 3 < min(reference), (ours, reference)
 
 
 def test_directory_source_finds_splits_by_alias(tmp_path):
