@@ -1,12 +1,12 @@
 import gzip
 import os
-import time
 
 import pytest
 import tensorflow as tf
 
 from keras_transformer.data import sources, text_files
 from keras_transformer.data.text_files import TextFileError
+from support.timing import best_cpu_seconds
 
 MULTI30K = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")
 
@@ -52,9 +52,8 @@ def test_every_carriage_return_is_dropped_plain_and_gzipped(tmp_path):
 
 def test_lines_are_not_mapped_one_by_one(tmp_path):
     # A map call per line costs many times the reading (docs/performance.md).
-    # The reference, line by line, runs in the same process, in alternating
-    # rounds; each side's best round counts, in CPU seconds of this process
-    # (tf.data's threads included), so other processes' load does not count.
+    # The reference, line by line, runs in the same process
+    # (support/timing.py).
     lines = [f"sentence number {i}\r" for i in range(6000)]
     src = write(tmp_path / "a.en", lines)
     tgt = write(tmp_path / "a.de", lines)
@@ -63,19 +62,15 @@ def test_lines_are_not_mapped_one_by_one(tmp_path):
         return tf.data.TextLineDataset(path).map(
             lambda line: tf.strings.regex_replace(line, "\r$", ""))
 
-    def seconds(dataset):
-        started = time.process_time()
-        pairs = [p for batch in dataset.batch(1024).as_numpy_iterator() for p in zip(*batch)]
-        return time.process_time() - started, pairs
+    def read(dataset):
+        return lambda: [p for batch in dataset.batch(1024).as_numpy_iterator()
+                        for p in zip(*batch)]
 
-    reference, ours = [], []
-    for _ in range(3):
-        spent, expected = seconds(tf.data.Dataset.zip(per_line(src), per_line(tgt)))
-        reference.append(spent)
-        spent, pairs = seconds(text_files.parallel_text_dataset(src, tgt, validate=False))
-        ours.append(spent)
-        assert pairs == expected and pairs[5][0] == b"sentence number 5"
-    assert min(ours) * 3 < min(reference), (ours, reference)
+    seconds, pairs = best_cpu_seconds({
+        "reference": read(tf.data.Dataset.zip(per_line(src), per_line(tgt))),
+        "ours": read(text_files.parallel_text_dataset(src, tgt, validate=False))})
+    assert pairs["ours"] == pairs["reference"] and pairs["ours"][5][0] == b"sentence number 5"
+    assert seconds["ours"] * 3 < seconds["reference"], seconds
 
 
 def test_directory_source_finds_splits_by_alias(tmp_path):
