@@ -9,6 +9,7 @@ import pytest
 
 import keras_transformer as kt
 from keras_transformer import startup
+from support.seeding import reseed
 
 # The tests trace and export many models in each worker: the collector at
 # the kt-* commands' thresholds (startup.collect_less).
@@ -39,7 +40,7 @@ def pytest_unconfigure(config):
 
 @pytest.fixture(autouse=True)
 def _seed_and_policy():
-    keras.utils.set_random_seed(1234)
+    reseed()
     keras.config.set_dtype_policy("float32")
     yield
     keras.config.set_dtype_policy("float32")
