@@ -11,13 +11,15 @@ def best_cpu_seconds(calls, rounds=3):
     for `rounds` rounds.
 
     Returns: `(seconds, results)`: each name's least CPU seconds over the
-    rounds, and what its function returned in the last round.
+    rounds, and what its function returned, which must be the same in
+    every round.
     """
     seconds, results = {}, {}
     for _ in range(rounds):
         for name, call in calls.items():
             started = time.process_time()
-            results[name] = call()
+            result = call()
             spent = time.process_time() - started
+            assert results.setdefault(name, result) == result, f"{name} changed between rounds"
             seconds[name] = min(seconds.get(name, spent), spent)
     return seconds, results
