@@ -16,15 +16,5 @@ cd "$(dirname "$0")/.."
 source scripts/venv.sh
 source scripts/venv_jax.sh
 source scripts/venv_beam.sh
-# TensorFlow's intra-op threads: the cores shared among the workers (one
-# each on 2 cores), so that the workers' kernels do not contend for the same
-# cores (docs/testing.md#threads). A value in the environment wins.
-cores=$(nproc)
-case "${KT_TEST_WORKERS:-auto}" in
-  auto) workers=$(( cores < 4 ? cores : 4 )) ;;
-  0) workers=1 ;;
-  *) workers=$KT_TEST_WORKERS ;;
-esac
-export TF_NUM_INTRAOP_THREADS=${TF_NUM_INTRAOP_THREADS:-$(( cores / workers > 0 ? cores / workers : 1 ))}
 python -m pytest -q -rs -n "${KT_TEST_WORKERS:-auto}" --maxprocesses 4 --dist loadfile \
   --no-loadscope-reorder --durations 10 "$@"
