@@ -9,10 +9,14 @@ Translates the bench translation batch (32 sentences of 20 tokens, beam 4,
 alpha 0.6, untrained weights: every beam runs to full length) `--searches`
 times under the profiler, then prints each thunk kind's total time and count
 per search. XLA names a thunk after its HLO instruction (`MatMul.1173`,
-`bitcast_select_fusion.21`); the kind is that name without the number. Thunk
-times on the two worker threads add up, so they can exceed the wall time.
+`bitcast_select_fusion.21`); the kind is that name without the number.
+XLA:CPU runs thunks on TensorFlow's Eigen pool and some on the calling
+thread, inside its `ThunkExecutor`; with one intra-op thread
+(`TF_NUM_INTRAOP_THREADS=1`) all run there. Thunk times on several threads
+add up, so they can exceed the wall time.
 """
 
+import bisect
 import collections
 import glob
 import os
@@ -32,7 +36,7 @@ from benchmarks.harness import time_rounds  # noqa: E402
 from benchmarks.speed import Ours, random_batch  # noqa: E402
 
 # Trace events that wrap thunks rather than being one (executors, waits).
-WRAPPERS = ("ThunkExecutor", "SlinkyThreadPool", "while", "end:")
+WRAPPERS = ("ThunkExecutor", "SlinkyThreadPool", "ThreadpoolListener", "while", "end:")
 
 
 def read_xspace(path):
@@ -64,19 +68,40 @@ def event_kind(name):
 
 
 def thunk_times(space, searches):
-    """`{kind: (ms per search, count per search)}` from an XSpace."""
+    """`{kind: (ms per search, count per search)}` from an XSpace: the
+    events of the Eigen pool's threads, and those of other threads that
+    run inside a `ThunkExecutor` event of their thread, wrappers left out."""
     total, count = collections.Counter(), collections.Counter()
     for plane in space.planes:
         names = {key: meta.name for key, meta in plane.event_metadata.items()}
         for line in plane.lines:
-            if "Eigen" not in line.name:  # XLA:CPU runs thunks on TF's Eigen pool
-                continue
+            inside = None if "Eigen" in line.name else _executor_spans(line, names)
             for event in line.events:
                 kind = event_kind(names.get(event.metadata_id, "?"))
-                if not kind.startswith(WRAPPERS):
-                    total[kind] += event.duration_ps / 1e9 / searches
-                    count[kind] += 1
+                if kind.startswith(WRAPPERS) or (inside is not None and not inside(event)):
+                    continue
+                total[kind] += event.duration_ps / 1e9 / searches
+                count[kind] += 1
     return {kind: (ms, count[kind] / searches) for kind, ms in total.most_common()}
+
+
+def _executor_spans(line, names):
+    """A test of whether an event of `line` lies within one of the line's
+    `ThunkExecutor` events (they nest: merged into disjoint spans)."""
+    spans = []
+    for start, end in sorted((e.offset_ps, e.offset_ps + e.duration_ps) for e in line.events
+                             if names.get(e.metadata_id, "").startswith("ThunkExecutor")):
+        if spans and start <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], end)
+        else:
+            spans.append([start, end])
+    starts = [start for start, _ in spans]
+
+    def inside(event):
+        i = bisect.bisect_right(starts, event.offset_ps) - 1
+        return i >= 0 and event.offset_ps + event.duration_ps <= spans[i][1]
+
+    return inside
 
 
 def main(argv=None):

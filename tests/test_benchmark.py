@@ -98,6 +98,44 @@ def test_search_profile_breaks_thunk_time_down_by_kind():
     assert sum(kinds.values()) <= total + 0.05 + 0.005 * len(kinds)
 
 
+def test_search_profile_counts_the_thunks_the_calling_thread_runs():
+    """XLA:CPU runs some thunks (with one intra-op thread, all) on the
+    calling thread: those inside its ThunkExecutor count, the function
+    around them, loops and the thread pool's listener do not."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    from benchmarks.profile_search import thunk_times
+
+    space = xplane_pb2.XSpace()
+    plane = space.planes.add(name="/host:CPU")
+    names = ("translate", "ThunkExecutor::Execute", "MatMul.3", "while.1", "add_fusion.7",
+             "ThreadpoolListener::Record", "MatMul.9")
+    for i, name in enumerate(names, 1):
+        plane.event_metadata[i].id = i
+        plane.event_metadata[i].name = name
+
+    def add(line, name, start_us, us):
+        line.events.add(metadata_id=names.index(name) + 1, offset_ps=start_us * 10**6,
+                        duration_ps=us * 10**6)
+
+    caller = plane.lines.add(name="python")
+    add(caller, "translate", 0, 100)
+    add(caller, "ThunkExecutor::Execute", 10, 50)
+    add(caller, "ThunkExecutor::Execute", 20, 10)  # a loop body's, nested
+    add(caller, "while.1", 15, 30)
+    add(caller, "MatMul.3", 22, 4)
+    add(caller, "add_fusion.7", 40, 2)
+    add(caller, "ThreadpoolListener::Record", 30, 1)
+    add(caller, "MatMul.3", 70, 5)  # after the executor ended
+    pool = plane.lines.add(name="tf_numa_-1_Eigen/123")
+    add(pool, "MatMul.9", 5, 8)
+    add(pool, "ThreadpoolListener::Record", 1, 1)
+    # Two searches: per search, MatMul (4 + 8 us) / 2 in one call, the
+    # fusion 2 us / 2 in half a call.
+    assert thunk_times(space, 2) == {"MatMul": (pytest.approx(0.006), 1.0),
+                                     "add_fusion": (pytest.approx(0.001), 0.5)}
+
+
 def test_training_profile_splits_thread_time_into_groups_and_kinds():
     from benchmarks import profile_train
 
