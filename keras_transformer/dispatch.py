@@ -68,6 +68,7 @@ from keras import ops
 from keras_transformer.ops import attention as portable_attention
 from keras_transformer.ops import dropout as portable_dropout
 from keras_transformer.ops import label_smoothing as portable_loss
+from keras_transformer.ops.shapes import leading_axes, size
 
 FAST_PATHS = ("fused_adam", "fused_cross_entropy", "philox_dropout", "eigen_slices",
               "compiled_attention")
@@ -228,9 +229,8 @@ def vocabulary_logits(x, table):
         return ops.matmul(x, ops.transpose(table))
     from keras_transformer.kernels import vocabulary_projection
 
-    shape = ops.shape(x)
-    logits = vocabulary_projection.logits(ops.reshape(x, (-1, shape[-1])), table)
-    return ops.reshape(logits, tuple(shape[:-1]) + (table.shape[0],))
+    logits = vocabulary_projection.logits(ops.reshape(x, (-1, size(x, -1))), table)
+    return ops.reshape(logits, leading_axes(x, len(x.shape) - 1) + (table.shape[0],))
 
 
 def decoding_logits(layer, rows, table):

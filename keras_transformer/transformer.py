@@ -11,6 +11,7 @@ from keras_transformer.layers.embedding import PositionalEmbedding, TokenEmbeddi
 from keras_transformer.layers.encoder import Encoder
 from keras_transformer.layers.masks import causal_mask, padding_mask
 from keras_transformer.losses import normalizing_weights, real_token_weights
+from keras_transformer.ops.shapes import size
 from keras_transformer.r_drop import r_drop_term
 
 
@@ -140,7 +141,7 @@ class Transformer(keras.Model):
         """Teacher-forced decoder: `(batch, tgt_len)` -> logits
         `(batch, tgt_len, vocab)` (plus per-layer weights when asked)."""
         x = self.target_embedding(target_input_ids, training=training)
-        self_mask = causal_mask(ops.shape(target_input_ids)[1])
+        self_mask = causal_mask(size(target_input_ids, 1))
         out = self.decoder(x, memory, self_mask, memory_mask, training=training,
                            return_attention_weights=return_attention_weights)
         if return_attention_weights:

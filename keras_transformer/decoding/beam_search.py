@@ -59,6 +59,7 @@ from keras_transformer.decoding.common import (
     top_k,
     write_position,
 )
+from keras_transformer.ops.shapes import leading_axes, size
 
 NEG = large_negative(SCORE_DTYPE)
 
@@ -79,15 +80,15 @@ def gather_beams(x, beam_indices):
 
     Returns: `(batch, beams_out, ...)`.
     """
-    flat_indices = _flat_beam_indices(beam_indices, ops.shape(x)[1])
-    flat = ops.reshape(x, (-1,) + tuple(ops.shape(x)[2:]))
-    out = ops.take(flat, ops.reshape(flat_indices, (-1,)), axis=0)
-    return ops.reshape(out, tuple(ops.shape(beam_indices)) + tuple(ops.shape(x)[2:]))
+    flat_indices = _flat_beam_indices(beam_indices, size(x, 1))
+    tail = tuple(size(x, axis) for axis in range(2, len(x.shape)))
+    out = ops.take(ops.reshape(x, (-1,) + tail), ops.reshape(flat_indices, (-1,)), axis=0)
+    return ops.reshape(out, leading_axes(beam_indices, 2) + tail)
 
 
 def _flat_beam_indices(beam_indices, beams_in):
     """Row indices into the flattened `(batch * beams_in, ...)` tensor."""
-    batch_size = ops.shape(beam_indices)[0]
+    batch_size = size(beam_indices, 0)
     offsets = ops.expand_dims(ops.arange(batch_size, dtype="int32") * beams_in, 1)
     return ops.cast(beam_indices, "int32") + offsets
 
@@ -176,7 +177,7 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
     max_length = resolve_max_length(max_decode_length)
     phases = _checked_phases(cache_phases, max_length, grow_cache)
     initial_ids = ops.cast(initial_ids, "int32")
-    batch_size = ops.shape(initial_ids)[0]
+    batch_size = size(initial_ids, 0)
     # `max_length` sizes the buffers; `limit` `(batch,)` is where each
     # sentence's hypotheses stop.
     limit = max_length if length_limit is None else ops.minimum(
@@ -237,7 +238,7 @@ def beam_search(symbols_to_logits_fn, initial_ids, initial_cache, beam_size, alp
         vocab)` float32 and `cache` extend the alive hypotheses of
         `state`; returns the next state."""
         step = state["step"]
-        vocab_size = ops.shape(log_probs)[-1]
+        vocab_size = size(log_probs, -1)
         log_probs = forbid_early_eos(ops.reshape(log_probs, (batch_size, beam, vocab_size)),
                                      step, min_length, limit, eos_id)
         # At a sentence's limit only eos may follow, at its own cost.

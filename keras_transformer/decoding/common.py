@@ -8,6 +8,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformer.decoding.search_options import check_options
+from keras_transformer.ops.shapes import leading_axes, size
 
 SCORE_DTYPE = "float32"
 
@@ -36,7 +37,7 @@ def write_position(sequences, tokens, position):
     """Writes `tokens` `(...)` into `sequences` `(..., max_length)` at
     `position` (scalar), with a one-hot `where` rather than a slice update
     (which TensorFlow lowers to an XLA-only op; see `layers/decoder.py`)."""
-    max_length = ops.shape(sequences)[-1]
+    max_length = size(sequences, -1)
     at = ops.equal(ops.arange(max_length), position)
     return ops.where(at, ops.expand_dims(ops.cast(tokens, sequences.dtype), -1), sequences)
 
@@ -68,7 +69,7 @@ def forbid_early_eos(log_probs, step, min_length, limit, eos_id):
     early = ops.logical_and(ops.less(step, ops.cast(min_length, "int32")),
                             ops.less(step + 1, limit))
     early = ops.reshape(early, (-1,) + (1,) * (len(log_probs.shape) - 1))
-    is_eos = ops.equal(ops.arange(ops.shape(log_probs)[-1]), eos_id)
+    is_eos = ops.equal(ops.arange(size(log_probs, -1)), eos_id)
     masked = ops.where(is_eos, negative, log_probs)
     rest = ops.logsumexp(masked, axis=-1, keepdims=True)  # log(1 - P(eos))
     # A row where eos was the only possible token keeps its (floored) values.
@@ -117,7 +118,7 @@ def top_k(x, k, chunk=TOP_K_CHUNK):
     if pad:  # -inf is never chosen: every row has at least k real entries
         x = ops.pad(x, [[0, 0]] * (len(x.shape) - 1) + [[0, pad]],
                     constant_values=float("-inf"))
-    lead = tuple(ops.shape(x)[:-1])
+    lead = leading_axes(x, len(x.shape) - 1)
     chunks = ops.reshape(x, lead + ((n + pad) // chunk, chunk))
     _, best_chunks = ops.top_k(ops.max(chunks, axis=-1), k)
     picked = ops.take_along_axis(chunks, ops.expand_dims(best_chunks, -1), axis=-2)

@@ -27,6 +27,7 @@ from keras_transformer.decoding.common import (
 )
 from keras_transformer.decoding.common import top_k as ranked
 from keras_transformer.decoding.search_options import check_options
+from keras_transformer.ops.shapes import size
 
 
 def sampling_noise(batch_size, max_decode_length, seed=0):
@@ -99,7 +100,7 @@ def sampling_search(symbols_to_logits_fn, initial_ids, initial_cache, max_decode
     check_min_length(min_length)
     max_length = resolve_max_length(max_decode_length)
     initial_ids = ops.cast(initial_ids, "int32")
-    batch_size = ops.shape(initial_ids)[0]
+    batch_size = size(initial_ids, 0)
     limit = max_length if length_limit is None else ops.minimum(
         resolve_max_length(length_limit), max_length)
     limit = ops.broadcast_to(ops.cast(limit, "int32"), (batch_size,))
@@ -170,10 +171,10 @@ def sample_token(log_probs, uniforms, temperature=1.0, top_k=0, top_p=1.0):
     if static_k is not None and static_k > 0 and (vocab is None or static_k < vocab):
         width = int(static_k)
     else:
-        width = vocab if vocab is not None else ops.shape(log_probs)[-1]
+        width = vocab if vocab is not None else size(log_probs, -1)
     values, indices = ranked(scaled, width)  # descending
     probs = ops.exp(values - ops.logsumexp(values, axis=-1, keepdims=True))
-    rank = ops.expand_dims(ops.arange(ops.shape(values)[-1], dtype="int32"), 0)
+    rank = ops.expand_dims(ops.arange(size(values, -1), dtype="int32"), 0)
     keep = ops.equal(rank, 0)  # the most probable token is always a candidate
     if static_k is not None:  # the top-k cut, if any, is the width ranked
         within_k = ops.ones_like(keep)
@@ -205,7 +206,7 @@ def _inverse_cdf(weights, uniforms):
     cdf = ops.cumsum(weights, axis=-1)
     target = ops.expand_dims(ops.cast(uniforms, SCORE_DTYPE) * cdf[:, -1], -1)
     count = ops.sum(ops.cast(ops.less_equal(cdf, target), "int32"), axis=-1)
-    index = ops.expand_dims(ops.arange(ops.shape(weights)[-1], dtype="int32"), 0)
+    index = ops.expand_dims(ops.arange(size(weights, -1), dtype="int32"), 0)
     last_positive = ops.max(ops.where(ops.greater(weights, 0.0), index, 0), axis=-1)
     return ops.minimum(count, last_positive)
 

@@ -11,6 +11,7 @@ from keras_transformer.decoding.common import cache_phases
 from keras_transformer.decoding.greedy import greedy_search
 from keras_transformer.decoding.sampling import sampling_noise, sampling_search
 from keras_transformer.decoding.search_options import OPTIONS
+from keras_transformer.ops.shapes import size
 
 # The search defaults, from the options' table (`search_options.OPTIONS`).
 DEFAULT_BEAM_SIZE = OPTIONS["beam_size"].default
@@ -28,7 +29,7 @@ def decoding_length(source_ids, extra_length, max_length, source_length=None):
     if isinstance(extra_length, int) and extra_length < 0:
         raise ValueError(f"`extra_length` must be >= 0, received {extra_length}.")
     if source_length is None:
-        source_length = ops.shape(source_ids)[1]
+        source_length = size(source_ids, 1)
     if isinstance(source_length, int) and isinstance(extra_length, int):
         return max(1, min(source_length + extra_length, max_length))
     return ops.maximum(
@@ -64,7 +65,7 @@ def prepare_decoding(model, source_ids, max_decode_length):
         logits, full = model.decode_step(ids, step, full, memory_mask, parents)
         return logits, [{"key": c["key"], "value": c["value"]} for c in full]
 
-    initial_ids = ops.full((ops.shape(source_ids)[0],), model.config.bos_id, "int32")
+    initial_ids = ops.full((size(source_ids, 0),), model.config.bos_id, "int32")
     return initial_ids, cache, symbols_to_logits_fn
 
 
@@ -161,7 +162,7 @@ def sample_translate(model, source_ids, temperature=1.0, top_k=0, top_p=1.0, see
     max_decode_length, length_limit = _lengths(model, source_ids, extra_length, source_length)
     initial_ids, cache, step_fn = prepare_decoding(model, source_ids, max_decode_length)
     if noise is None:
-        noise = sampling_noise(ops.shape(source_ids)[0], max_decode_length, seed)
+        noise = sampling_noise(size(source_ids, 0), max_decode_length, seed)
     return sampling_search(step_fn, initial_ids, cache, max_decode_length,
                            eos_id=config.eos_id, pad_id=config.pad_id,
                            temperature=temperature, top_k=top_k, top_p=top_p, noise=noise,

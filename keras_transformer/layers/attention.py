@@ -16,6 +16,7 @@ from keras_transformer import dispatch
 from keras_transformer.layers.dense import Dense
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.masks import TakesAttentionMask
+from keras_transformer.ops.shapes import leading_axes
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -117,15 +118,13 @@ class MultiHeadAttention(TakesAttentionMask, keras.layers.Layer):
 
     def split_heads(self, x):
         """`(batch, len, d_model)` -> `(batch, heads, len, depth)`."""
-        batch, length = ops.shape(x)[0], ops.shape(x)[1]
-        x = ops.reshape(x, (batch, length, self.num_heads, self.depth))
+        x = ops.reshape(x, leading_axes(x, 2) + (self.num_heads, self.depth))
         return ops.transpose(x, (0, 2, 1, 3))
 
     def merge_heads(self, x):
         """`(batch, heads, len, depth)` -> `(batch, len, d_model)`."""
-        batch, length = ops.shape(x)[0], ops.shape(x)[2]
         x = ops.transpose(x, (0, 2, 1, 3))
-        return ops.reshape(x, (batch, length, self.d_model))
+        return ops.reshape(x, leading_axes(x, 2) + (self.d_model,))
 
     def project_keys_and_values(self, k, v):
         """Projects and splits keys and values once, for reuse across steps.

@@ -6,6 +6,7 @@ from keras import ops
 
 from keras_transformer.layers.masks import attention_mask_for, cache_mask
 from keras_transformer.layers.transformer_layer import TransformerLayer, TransformerStack
+from keras_transformer.ops.shapes import size
 
 
 def write_cache(cache, update, step, parents=None):
@@ -23,7 +24,7 @@ def write_cache(cache, update, step, parents=None):
     """
     if parents is not None:
         cache = ops.take(cache, parents, axis=0)
-    max_length = ops.shape(cache)[2]
+    max_length = size(cache, 2)
     at_step = ops.reshape(ops.equal(ops.arange(max_length), step), (1, 1, -1, 1))
     return ops.where(at_step, ops.cast(update, cache.dtype), cache)
 
@@ -154,7 +155,7 @@ class DecoderLayer(TransformerLayer):
         cache_v = write_cache(cache_v, v_new, step, parents)
         y, _ = attention.attend(
             attention.project_queries(h), cache_k, cache_v,
-            cache_mask(step, ops.shape(cache_k)[2]),
+            cache_mask(step, size(cache_k, 2)),
             training=False, return_attention_weights=False,
         )
         x = self.self_attention_block.add(x, y, training=False)
@@ -166,8 +167,8 @@ class DecoderLayer(TransformerLayer):
         cross = self.cross_attention
         h = self.cross_attention_block.normalize_input(x)
         q = cross.project_queries(h)  # (batch, heads, 1, depth)
-        rows, sentences = ops.shape(q)[0], ops.shape(memory_k)[0]
-        heads, depth = ops.shape(q)[1], ops.shape(q)[3]
+        rows, sentences = size(q, 0), size(memory_k, 0)
+        heads, depth = size(q, 1), size(q, 3)
         # At least 1: an empty batch (a serving request with no sentences)
         # has no rows either, and 0 // 0 is an error at run time.
         group = rows // (max(sentences, 1) if isinstance(sentences, int)
@@ -234,7 +235,7 @@ class Decoder(TransformerStack):
         caches `(batch, heads, max_length, depth)` and encoder-decoder
         `memory_key`/`memory_value` `(batch, heads, src_len, depth)`.
         """
-        batch_size = ops.shape(memory)[0]
+        batch_size = size(memory, 0)
         cache = []
         for layer in self.decoder_layers:
             memory_k, memory_v = layer.memory_keys_and_values(memory)
@@ -251,7 +252,7 @@ class Decoder(TransformerStack):
         padded with empty slots; nothing else changes."""
 
         def grow(x):
-            extra = max_length - ops.shape(x)[2]
+            extra = max_length - size(x, 2)
             return ops.pad(x, [[0, 0], [0, 0], [0, extra], [0, 0]])
 
         return [dict(c, key=grow(c["key"]), value=grow(c["value"])) for c in cache]

@@ -17,6 +17,7 @@ import keras
 from keras import ops
 
 from keras_transformer import dispatch
+from keras_transformer.ops.shapes import leading_axes, size
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -30,9 +31,8 @@ class Dense(keras.layers.Dense):
     def call(self, inputs, training=None):
         if len(inputs.shape) <= 2:
             return self._call_2d(inputs, training)
-        shape = ops.shape(inputs)
-        outputs = self._call_2d(ops.reshape(inputs, (-1, shape[-1])), training)
-        return ops.reshape(outputs, tuple(shape[:-1]) + (self.units,))
+        outputs = self._call_2d(ops.reshape(inputs, (-1, size(inputs, -1))), training)
+        return ops.reshape(outputs, leading_axes(inputs, len(inputs.shape) - 1) + (self.units,))
 
     def _call_2d(self, inputs, training):
         return dispatch.dense(self, inputs, training, super().call)

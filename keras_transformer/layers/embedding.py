@@ -13,6 +13,7 @@ from keras_transformer.layers.position_encoding import (
     LearnedPositionEmbedding,
     SinusoidalPositionEncoding,
 )
+from keras_transformer.ops.shapes import leading_axes, size
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -76,10 +77,10 @@ class TokenEmbedding(keras.layers.Layer):
         kernel = ops.cast(self.embeddings, x.dtype)
         if training:
             return ops.cast(dispatch.vocabulary_logits(x, kernel), "float32")
-        shape = ops.shape(x)
-        rows = ops.reshape(x, (-1, shape[-1]))
+        rows = ops.reshape(x, (-1, size(x, -1)))
         logits = dispatch.decoding_logits(self, rows, kernel)
-        return ops.cast(ops.reshape(logits, tuple(shape[:-1]) + (self.vocab_size,)), "float32")
+        lead = leading_axes(x, len(x.shape) - 1)
+        return ops.cast(ops.reshape(logits, lead + (self.vocab_size,)), "float32")
 
     def get_config(self):
         config = super().get_config()

@@ -5,6 +5,8 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.ops.shapes import size
+
 
 def sinusoidal_position_encoding(length, d_model, start=0, dtype="float32"):
     """The paper's fixed encoding, for positions `start .. start + length - 1`.
@@ -49,9 +51,8 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
     """
 
     def call(self, inputs, start_index=0):
-        shape = ops.shape(inputs)
         return sinusoidal_position_encoding(
-            shape[1], shape[-1], start=start_index, dtype=self.compute_dtype
+            size(inputs, 1), size(inputs, -1), start=start_index, dtype=self.compute_dtype
         )
 
 
@@ -89,7 +90,7 @@ class LearnedPositionEmbedding(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, start_index=0):
-        length = ops.shape(inputs)[1]
+        length = size(inputs, 1)
         if isinstance(length, int) and length > self.max_length:
             raise ValueError(
                 f"Input length {length} exceeds the learned position table "

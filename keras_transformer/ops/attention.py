@@ -10,6 +10,8 @@ import math
 
 from keras import ops
 
+from keras_transformer.ops.shapes import size
+
 # Softmax runs in float32 even under a mixed-precision policy; this is a large
 # finite negative for float32 (not -inf, so that a fully masked row gives a
 # uniform distribution instead of NaN, and `x * 0` stays 0).
@@ -44,7 +46,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, dropout=None, training=None
     assert tuple(output.shape) == (2, 4, 3, 8) and tuple(weights.shape) == (2, 4, 3, 5)
     ```
     """
-    d_k = ops.shape(q)[-1]
+    d_k = size(q, -1)
     # Scale the queries rather than the logits: q_len x d_k multiplies instead
     # of q_len x k_len, and the same result.
     q = ops.multiply(q, ops.cast(1.0 / math.sqrt(d_k), q.dtype))
