@@ -2,7 +2,6 @@
 static shape where it knows them, so that a traced projection or decoding
 step carries no shape arithmetic for the axes it already knows."""
 
-import re
 import textwrap
 
 import numpy as np
@@ -12,8 +11,7 @@ from keras import ops
 
 import keras_transformer as kt
 from keras_transformer.ops.shapes import leading_axes, size
-
-EXAMPLE = re.compile(r"Example:\s*\n\s*```python\n(.*?)\n\s*```", re.S)
+from test_api import EXAMPLE
 
 
 @pytest.mark.parametrize("function", [leading_axes, size], ids=lambda f: f.__name__)

@@ -23,7 +23,6 @@ def leading_axes(x, n):
     Example:
 
     ```python
-    import numpy as np
     from keras import ops
     from keras_transformer.ops.shapes import leading_axes
 
@@ -33,11 +32,11 @@ def leading_axes(x, n):
     ```
     """
     static = tuple(x.shape[:n])
-    unknown = [i for i, size in enumerate(static) if size is None]
-    if not unknown:
+    unknown = static.count(None)
+    if unknown == 0:
         return static
-    if len(unknown) == 1:
-        return tuple(-1 if size is None else size for size in static)
+    if unknown == 1:
+        return tuple(-1 if axis_size is None else axis_size for axis_size in static)
     return tuple(ops.shape(x)[:n])
 
 
