@@ -22,6 +22,9 @@ from benchmarks import harness
 VOCABULARY_PAIRS = 400
 
 MAX_LENGTH = 20
+# The server, not the model, is what these measure and test: one encoder and
+# one decoder layer load and trace sooner than the preset's two.
+NUM_LAYERS = 1
 # The line kt-serve prints to stdout once it listens.
 READY = re.compile(r"kt-serve: serving (?P<name>\S+) version (?P<version>\d+) at "
                    r"(?P<url>http://\S+)")
@@ -29,35 +32,39 @@ READY = re.compile(r"kt-serve: serving (?P<name>\S+) version (?P<version>\d+) at
 GRPC_READY = re.compile(r"kt-serve: gRPC at (?P<target>\S+)")
 
 
-def export_tiny_model(directory, name="tiny", version=None, examples=None, seed=20261126):
-    """Builds a tiny random translator (the `tiny` preset, max_length 20;
-    one SentencePiece vocabulary of 400 pieces trained on both sides of
-    `VOCABULARY_PAIRS` pairs of the built-in corpus; beam 3, alpha 0.6,
-    extra length 4) from `seed` and exports it.
+def export_tiny_model(directory, name="tiny", version=None, examples=None, seed=20261126,
+                      num_layers=NUM_LAYERS):
+    """Builds a tiny random translator (the `tiny` preset with `num_layers`
+    encoder and decoder layers, max_length 20; one SentencePiece vocabulary
+    of 400 pieces trained on both sides of `VOCABULARY_PAIRS` pairs of the
+    built-in corpus; beam 3, alpha 0.6, extra length 4) from `seed` and
+    exports it.
 
     Args:
         directory: the export's output directory (the model lands in
             `<directory>/<name>/<version>/`).
         name, version, examples: as `export_translator`'s.
         seed: the weights' seed; another seed gives another model.
+        num_layers: the depth (another depth, another model).
 
     Returns: the version directory's path (str).
     """
     from keras_transformer.export import export_translator
 
-    translator, _ = _tiny_translator(seed)
+    translator, _ = _tiny_translator(seed, num_layers)
     return export_translator(translator, str(directory), name=name, version=version,
                              examples=examples)
 
 
 def export_tiny_ctranslate2(directory, name="tiny", version=1, examples=None,
-                            seed=20261126, quantization="float32"):
-    """`export_tiny_model`'s model (the same weights for the same `seed`)
-    as a CTranslate2 export, `<directory>/<name>/<version>/`, with the
-    same search defaults. Returns the version directory's path (str)."""
+                            seed=20261126, quantization="float32", num_layers=NUM_LAYERS):
+    """`export_tiny_model`'s model (the same weights for the same `seed`
+    and `num_layers`) as a CTranslate2 export,
+    `<directory>/<name>/<version>/`, with the same search defaults. Returns
+    the version directory's path (str)."""
     from keras_transformer.export.ctranslate2 import export_ctranslate2
 
-    translator, model = _tiny_translator(seed)
+    translator, model = _tiny_translator(seed, num_layers)
     return export_ctranslate2(
         model, translator.tokenizer, translator.tokenizer,
         os.path.join(str(directory), name, str(version)), quantization=quantization,
@@ -91,7 +98,7 @@ def export_tiny_versions(directory, seeds, name="tiny", examples=None):
     return paths
 
 
-def _tiny_translator(seed):
+def _tiny_translator(seed, num_layers=NUM_LAYERS):
     """`(Translator, its model)` as `export_tiny_model` describes."""
     import keras
 
@@ -107,7 +114,7 @@ def _tiny_translator(seed):
                                        num_test=0)["train"]
     tokenizer = SubwordTokenizer(train_sentencepiece(sources + targets, vocab_size=400))
     config = kt.get_config("tiny", vocab_size=tokenizer.vocab_size, dropout=0.0,
-                           max_length=MAX_LENGTH)
+                           max_length=MAX_LENGTH, num_layers=num_layers)
     model = kt.Transformer(config)
     model.build()
     return Translator(model, tokenizer, beam_size=3, alpha=0.6, extra_length=4), model

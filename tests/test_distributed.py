@@ -51,7 +51,8 @@ def test_multi_worker_mirrored_workers_agree(tmp_path):
                "--vocab-size", "400", "--train-steps", "3", "--steps-per-epoch", "3",
                "--checkpoint-every", "2", "--batch-tokens", "256", "--max-length", "64",
                "--shuffle-buffer", "50", "--strategy", "multi_worker_mirrored",
-               "--valid-split", "val", "--bleu-sentences", "0", "--verbose", "2"]
+               "--valid-split", "val", "--bleu-sentences", "0", "--verbose", "2",
+               "--set", "num_layers=1"]
     workers = []
     for index in range(2):
         env = {**ENV, "TF_CONFIG": json.dumps(

@@ -189,9 +189,11 @@ def exported(tmp_path_factory):
     # source's (unigram, 332 pieces), and its ids past 331 exist only there.
     tokenizer = SubwordTokenizer(train_sentencepiece(CORPUS, vocab_size=400))
     target = SubwordTokenizer(train_sentencepiece(CORPUS, vocab_size=420, model_type="bpe"))
+    # One layer: the signatures' plumbing does not depend on depth, and a
+    # shallower model traces and exports sooner.
     config = kt.get_config("tiny", vocab_size=tokenizer.vocab_size,
                            target_vocab_size=target.vocab_size, dropout=0.0,
-                           max_length=MAX_LENGTH)
+                           max_length=MAX_LENGTH, num_layers=1)
     model = kt.Transformer(config)
     model.build()
     translator = Translator(model, tokenizer, beam_size=3, alpha=0.6, extra_length=4,
@@ -335,7 +337,7 @@ def test_test_set_translation_compiles_one_search_per_16_token_source_bucket():
     keras.utils.set_random_seed(20261123)
     tokenizer = SubwordTokenizer(train_sentencepiece(CORPUS, vocab_size=400))
     config = kt.get_config("tiny", vocab_size=tokenizer.vocab_size, dropout=0.0,
-                           max_length=40)
+                           max_length=40, num_layers=1)
     model = kt.Transformer(config)
     model.build()
     translator = Translator(model, tokenizer, beam_size=2, alpha=0.6, extra_length=2)

@@ -101,7 +101,7 @@ def test_installed_commands_train_export_and_translate(venv, tmp_path):
                   "--train-steps", "4", "--steps-per-epoch", "2", "--checkpoint-every", "0",
                   "--warmup-steps", "4", "--batch-tokens", "256", "--max-length", "32",
                   "--shuffle-buffer", "50", "--valid-split", "", "--bleu-sentences", "0",
-                  "--verbose", "2")
+                  "--verbose", "2", "--set", "num_layers=1")
     assert re.search(r"Training finished at step 4; weights sha256 [0-9a-f]{64};", out.stdout)
     assert os.path.isfile(work / "run" / "checkpoints" / "ckpt-4.index")
 

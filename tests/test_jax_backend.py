@@ -107,13 +107,13 @@ def test_jax_benchmark_reports_throughput_and_utilisation(jax_python, tmp_path):
         [jax_python, *BENCHMARK, "--config", "tiny", "--precision", "float32,mixed_bfloat16",
          "--train-shapes", "4x6x5,2x3x4", "--translate-shapes", "2x5", "--rounds", "1",
          "--train-steps", "2", "--translate-repeats", "1", "--peak-size", "256",
-         "--set", "dropout=0.2", "--json", str(out)],
+         "--set", "dropout=0.2", "--set", "num_layers=1", "--json", str(out)],
         capture_output=True, text=True, env=JAX_ENV, cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     reports = json.loads(out.read_text())["reports"]
     assert [r["precision"] for r in reports] == ["float32", "mixed_bfloat16"]
     for report in reports:
-        assert report["overrides"] == ["dropout=0.2"]
+        assert report["overrides"] == ["dropout=0.2", "num_layers=1"]
         dtype = "bfloat16" if report["precision"] == "mixed_bfloat16" else "float32"
         assert report["matmul_peak_tflops"][dtype] > 0
         assert [t["shape"] for t in report["train"]] == ["4x6x5", "2x3x4"]

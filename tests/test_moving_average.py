@@ -41,7 +41,7 @@ class Record(keras.callbacks.Callback):
 
 def fit(with_callback, seed=3):
     keras.utils.set_random_seed(seed)
-    config = kt.get_config("tiny", vocab_size=40, dropout=0.1)
+    config = kt.get_config("tiny", vocab_size=40, dropout=0.1, num_layers=1)
     model = compiled(config, use_ema=True, ema_momentum=0.8)
     rng = np.random.default_rng(0)
     ids = rng.integers(4, 40, size=(16, 7)).astype("int32")
@@ -74,7 +74,7 @@ def test_validation_sees_the_average_and_training_is_unchanged():
 
 def test_a_run_keeps_the_average_as_its_best_checkpoint_and_resumes_it(tmp_path):
     tok = kt.SubwordTokenizer.train(SENTENCES, vocab_size=400)
-    config = kt.get_config("tiny", tokenizer=tok)
+    config = kt.get_config("tiny", tokenizer=tok, num_layers=1)
     model = compiled(config, use_ema=True, ema_momentum=0.9)
     run = kt.TrainingRun(tmp_path / "run", model, tokenizer=tok)
     pairs = [(s, s) for s in SENTENCES]

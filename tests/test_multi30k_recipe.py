@@ -25,7 +25,7 @@ def run_recipe(tmp_path, **settings):
         with gzip.open(data / f"test_2016_flickr.{lang}.gz", "wt") as f:
             f.write("\n".join(lines) + "\n")
     run = tmp_path / "run"
-    env = {**ENV, "DATA": str(data), "RUN_DIR": str(run), "MINUTES": "0.15", **settings}
+    env = {**ENV, "DATA": str(data), "RUN_DIR": str(run), "MINUTES": "0.06", **settings}
     out = subprocess.run(
         ["bash", os.path.join(ROOT, "scripts", "multi30k.sh"), "--config", "tiny",
          "--vocab-size", "400", "--batch-tokens", "128", "--max-length", "64",

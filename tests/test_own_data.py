@@ -25,6 +25,7 @@ MULTI30K_BLOCK = "# With Multi30k instead of the built-in corpus\n"
 SCALE = [
     ("--write mine\n", "--write mine --train 3000 --val 60 --test 40\n"),
     ("preset: demo ", "preset: tiny "),
+    ("  norm_first: true", "  num_layers: 1\n  norm_first: true"),
     ("train_steps: 2000", "train_steps: 40"),
     ("warmup_steps: 400", "warmup_steps: 20"),
     ("--validate-every 500", "--validate-every 10"),
@@ -96,6 +97,7 @@ def test_the_walk_through_runs_as_documented(tmp_path):
     assert re.search(r"Test BLEU \d+\.\d\d with ckpt-\d+ \(40 pairs from mine/test.tsv\)", out)
     config = open(tmp_path / "runs/mine/config.json").read()
     assert '"norm_first": true' in config and '"d_model": 64' in config
+    assert '"num_layers": 1' in config
     # The vocabulary trained elsewhere has no pad piece: one id is added.
     import sentencepiece
 
@@ -163,9 +165,11 @@ TINY_RUN = ["--src-lang", "en", "--tgt-lang", "de", "--vocab-size", "400",
 
 @pytest.fixture(scope="module")
 def trained_runs(tmp_path_factory):
-    """Two tiny runs of 3 updates on one corpus, trained once for the
-    --init-from tests: `trained` (unigram vocabulary) and `other` (a BPE
-    one). Returns `{"data", "trained", "other"}` (directories)."""
+    """A tiny run of 3 updates, trained once for the --init-from tests
+    (`trained`, unigram vocabulary), and `other`, a directory holding only
+    another vocabulary (BPE) of the same corpus. Returns `{"data",
+    "trained", "other"}` (directories)."""
+    import keras_transformer as kt
     from keras_transformer.cli import train as trainer
 
     from support.processes import write_corpus
@@ -175,9 +179,14 @@ def trained_runs(tmp_path_factory):
     data.mkdir()
     write_corpus(str(data))
     runs = {"data": str(data), "trained": str(root / "trained"), "other": str(root / "other")}
-    for name, extra in (("trained", []), ("other", ["--vocab-model-type", "bpe"])):
-        assert trainer.main(["--run-dir", runs[name], "--data", f"text:{data}", "--config",
-                             "tiny", "--train-steps", "3", *TINY_RUN, *extra]) == 0
+    assert trainer.main(["--run-dir", runs["trained"], "--data", f"text:{data}", "--config",
+                         "tiny", "--train-steps", "3", *TINY_RUN]) == 0
+    # Only its vocabulary is read: trained as kt-train would, on both sides.
+    sentences = [line for lang in ("en", "de")
+                 for line in (data / f"train.{lang}").read_text(encoding="utf-8").splitlines()]
+    os.makedirs(runs["other"])
+    kt.SubwordTokenizer.train(sentences, vocab_size=400, model_type="bpe").save(
+        os.path.join(runs["other"], "vocab.model"))
     return runs
 
 

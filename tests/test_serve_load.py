@@ -17,7 +17,8 @@ import threading
 
 import pytest
 
-from benchmarks import serve_load, serve_requests, serve_versions
+from benchmarks import serve_load, serve_requests, serve_versions, tiny_serving
+from support import serving_model
 
 CLIENTS = 16
 
@@ -65,8 +66,12 @@ def served(directory, batching, reweight, in_process):
 def report(tmp_path_factory):
     # Version 2 is version 1's export with permuted weights (seconds instead
     # of a second export's tens of seconds), published mid-run by a rename.
-    server, versions, publish = served(tmp_path_factory.mktemp("serve-load"), batching=True,
-                                       reweight=True, in_process=True)
+    # Version 1 is the tiny export the other serving tests share: copied
+    # from the run's cache (support/serving_model.py), not traced again.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tiny_serving, "export_tiny_model", serving_model.export_tiny_model)
+        server, versions, publish = served(tmp_path_factory.mktemp("serve-load"),
+                                           batching=True, reweight=True, in_process=True)
     try:
         result = serve_load.scenario(server, versions, publish, clients=CLIENTS, count=300)
     finally:

@@ -39,7 +39,7 @@ def pad_to(x, length):
 rng = np.random.default_rng(0)
 a = make_batch(rng, 3, 9, 7, 2)   # replica 0: 3 x 7 target positions
 b = make_batch(rng, 5, 5, 11, 4)  # replica 1: 5 x 11, different token count
-config = kt.get_config("tiny", vocab_size=40, dropout=0.0)
+config = kt.get_config("tiny", vocab_size=40, dropout=0.0, num_layers=1)
 
 
 def build(scope, optimizer=None):
