@@ -29,6 +29,12 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput") and EXPORT_CACHE not in os.environ:
         os.environ[EXPORT_CACHE] = tempfile.mkdtemp(prefix="kt-test-exports-")
         config.kt_export_cache = os.environ[EXPORT_CACHE]
+        # XLA's programs too: the processes the tests start (kt-translate,
+        # a fresh process loading an export) compile the same searches of
+        # the same tiny exports again and again.
+        os.environ["TF_XLA_FLAGS"] = " ".join(filter(None, [
+            os.environ.get("TF_XLA_FLAGS"), "--tf_xla_persistent_cache_directory="
+            + os.path.join(os.environ[EXPORT_CACHE], "xla")]))
 
 
 def pytest_unconfigure(config):

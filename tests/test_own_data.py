@@ -181,7 +181,7 @@ def trained_runs(tmp_path_factory):
     runs = {"data": str(data), "trained": str(root / "trained"), "other": str(root / "other")}
     assert trainer.main(["--run-dir", runs["trained"], "--data", f"text:{data}", "--config",
                          "tiny", "--train-steps", "3", *TINY_RUN]) == 0
-    # Only its vocabulary is read: trained as kt-train would, on both sides.
+    # Only its vocabulary is read: another one (BPE) of the same corpus.
     sentences = [line for lang in ("en", "de")
                  for line in (data / f"train.{lang}").read_text(encoding="utf-8").splitlines()]
     os.makedirs(runs["other"])
