@@ -62,7 +62,7 @@ def _export_worker():
     _run_jobs(request, lambda event: print(json.dumps(event), flush=True))
 
 
-def _run_jobs(request, emit):
+def _run_jobs(request, emit, export=None):
     """Does `request`'s jobs in order, each
     `{"version", "seed", "directory", "name"}` (export a tiny model) or
     `{"version", "seed", "from", "target"}` (a `_reweighted_copy` of an
@@ -70,8 +70,10 @@ def _run_jobs(request, emit):
     "version", "path"}` once a version directory is complete; then with
     `{"event": "answers", "answers": {version: ...}}`: the answers of each
     version's `serving_default` and `translate_with_options` signatures to
-    the request's texts (base64; each list in one call)."""
-    export_tiny_model = tiny_serving.export_tiny_model
+    the request's texts (base64; each list in one call). `export`: what
+    exports a tiny model (`tiny_serving.export_tiny_model`'s signature;
+    None: that function)."""
+    export_tiny_model = export or tiny_serving.export_tiny_model
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
 
@@ -160,7 +162,7 @@ class Versions:
 
 
 def export_versions(directory, name=NAME, seeds=None, sentences=24, reweight=False,
-                    in_process=False, on_exported=None, timeout=900):
+                    in_process=False, on_exported=None, timeout=900, export=None):
     """Versions 1 and 2 of a tiny model (`seeds`: {version: seed}) under
     `directory`, and their answers to the inputs of the mix, computed by
     loading each SavedModel (`tf.saved_model.load(path).signatures`) and
@@ -173,7 +175,9 @@ def export_versions(directory, name=NAME, seeds=None, sentences=24, reweight=Fal
     exports and answers in this process, one after the other (a test
     process, which has TensorFlow imported already); else in processes of
     their own. `on_exported(version, path)` is called as soon as a version's
-    directory is complete.
+    directory is complete. `export`: with `in_process`, what exports a
+    version (`tiny_serving.export_tiny_model`'s signature; None: that
+    function), e.g. a test's cache of exports.
 
     Keeps the first `sentences` of `candidate_sentences()` whose answers are
     told apart from every other kept sentence's (translation, or score beyond
@@ -214,7 +218,7 @@ def export_versions(directory, name=NAME, seeds=None, sentences=24, reweight=Fal
     encoded = [b64(texts[k]) for k in keys]
     if in_process:
         for jobs in groups:
-            _run_jobs({"jobs": jobs, "texts": encoded}, received)
+            _run_jobs({"jobs": jobs, "texts": encoded}, received, export)
     else:
         _run_workers(groups, encoded, received, timeout)
     results = {int(v): r for e in events if e["event"] == "answers"

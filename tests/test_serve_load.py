@@ -17,8 +17,8 @@ import threading
 
 import pytest
 
-from benchmarks import serve_load, serve_requests, serve_versions, tiny_serving
-from support import serving_model
+from benchmarks import serve_load, serve_requests, serve_versions
+from support.serving_model import export_tiny_model
 
 CLIENTS = 16
 
@@ -48,11 +48,14 @@ def start_when_exported(directory, batching):
 
 def served(directory, batching, reweight, in_process):
     """Exports versions 1 and 2, serves version 1 (batching on or off) and
-    stages version 2. Returns `(server, versions, publish)`."""
+    stages version 2. Returns `(server, versions, publish)`. In this
+    process, version 1 is the tiny export the other serving tests share,
+    copied from the run's cache (support/serving_model.py)."""
     box, on_exported = start_when_exported(directory, batching)
     try:
         versions = serve_versions.export_versions(directory / "exports", reweight=reweight,
-                                              in_process=in_process, on_exported=on_exported)
+                                              in_process=in_process, on_exported=on_exported,
+                                              export=export_tiny_model)
     finally:
         if "thread" in box:
             box["thread"].join()
@@ -66,12 +69,8 @@ def served(directory, batching, reweight, in_process):
 def report(tmp_path_factory):
     # Version 2 is version 1's export with permuted weights (seconds instead
     # of a second export's tens of seconds), published mid-run by a rename.
-    # Version 1 is the tiny export the other serving tests share: copied
-    # from the run's cache (support/serving_model.py), not traced again.
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(tiny_serving, "export_tiny_model", serving_model.export_tiny_model)
-        server, versions, publish = served(tmp_path_factory.mktemp("serve-load"),
-                                           batching=True, reweight=True, in_process=True)
+    server, versions, publish = served(tmp_path_factory.mktemp("serve-load"), batching=True,
+                                       reweight=True, in_process=True)
     try:
         result = serve_load.scenario(server, versions, publish, clients=CLIENTS, count=300)
     finally:

@@ -218,7 +218,8 @@ def test_input_autotune_off_reaches_the_training_stream(tmp_path, monkeypatch):
     # Stops once the training stream is asked for: kt-demo trains a whole
     # run with autotuning off (tests/test_demo.py).
     from keras_transformer.cli import train as trainer
-    from keras_transformer.data import batching
+
+    from support.common import record_token_batches
 
     class Built(Exception):
         pass
@@ -226,13 +227,7 @@ def test_input_autotune_off_reaches_the_training_stream(tmp_path, monkeypatch):
     data = tmp_path / "data"
     data.mkdir()
     write_corpus(str(data))
-    calls = []
-
-    def recording(*args, **kwargs):
-        calls.append(kwargs)
-        raise Built
-
-    monkeypatch.setattr(batching, "token_batches", recording)
+    calls = record_token_batches(monkeypatch, stop=Built)
     common = ["--data", f"text:{data}", "--src-lang", "en", "--tgt-lang", "de", "--config",
               "tiny", "--vocab-size", "400", "--train-steps", "1", "--steps-per-epoch", "1",
               "--checkpoint-every", "0", "--warmup-steps", "4", "--batch-tokens", "256",

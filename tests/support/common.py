@@ -55,10 +55,11 @@ def train_with_and_without_eigen(monkeypatch, config, calls, steps=3):
     return runs
 
 
-def record_token_batches(monkeypatch):
+def record_token_batches(monkeypatch, stop=None):
     """Makes `batching.token_batches` record the keyword arguments of each
     call (kt-train's training and validation streams) in the returned list,
-    and then do its work."""
+    and then do its work, or raise `stop` (an exception class) instead, for
+    a test that needs only the first stream's settings."""
     from keras_transformer.data import batching
 
     calls = []
@@ -66,6 +67,8 @@ def record_token_batches(monkeypatch):
 
     def recording(*args, **kwargs):
         calls.append(kwargs)
+        if stop is not None:
+            raise stop
         return token_batches(*args, **kwargs)
 
     monkeypatch.setattr(batching, "token_batches", recording)

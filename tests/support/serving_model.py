@@ -25,24 +25,19 @@ from benchmarks.tiny_serving import (  # noqa: F401  (re-exported for the tests)
 )
 
 CACHE = "KT_TEST_EXPORT_CACHE"
-# Bound at import: a test may put `export_tiny_model` below in
-# tiny_serving's place (tests/test_serve_load.py), and the cache must still
-# call the exporter itself.
-_EXPORT_SAVED_MODEL = tiny_serving.export_tiny_model
-_EXPORT_CTRANSLATE2 = tiny_serving.export_tiny_ctranslate2
 
 
 def export_tiny_model(directory, name="tiny", version=None, examples=None, seed=20261126,
                       num_layers=tiny_serving.NUM_LAYERS):
     """`benchmarks.tiny_serving.export_tiny_model`, from the run's cache."""
-    return _cached("saved_model", _EXPORT_SAVED_MODEL, directory, name, version,
+    return _cached("saved_model", tiny_serving.export_tiny_model, directory, name, version,
                    dict(examples=examples, seed=seed, num_layers=num_layers))
 
 
 def export_tiny_ctranslate2(directory, name="tiny", version=1, examples=None, seed=20261126,
                             quantization="float32", num_layers=tiny_serving.NUM_LAYERS):
     """`benchmarks.tiny_serving.export_tiny_ctranslate2`, from the run's cache."""
-    return _cached("ctranslate2", _EXPORT_CTRANSLATE2, directory, name, version,
+    return _cached("ctranslate2", tiny_serving.export_tiny_ctranslate2, directory, name, version,
                    dict(examples=examples, seed=seed, quantization=quantization,
                         num_layers=num_layers))
 
