@@ -207,7 +207,3 @@ def main(argv=None):
     document = {**fields, **document}
     print(json.dumps({k: v for k, v in document.items() if k.endswith(("median", "growth_mib"))}))
     harness.write_result(document, fields, "corpus", args.json)
-
-
-if __name__ == "__main__":
-    main()

@@ -190,7 +190,3 @@ def main(argv=None):
         "note": NOTE,
     }
     harness.write_result(result, record, "ctranslate2-bleu", args.json)
-
-
-if __name__ == "__main__":
-    main()

@@ -259,7 +259,3 @@ def main(argv=None):
         print(json.dumps({name: report["results"][name]}, indent=1), flush=True)
     harness.write_result(report, report, "ctranslate2-speed", args.json)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -36,17 +36,14 @@ computes it outside training. Attention itself and the cache are left out:
 only the products' weights are timed.
 """
 
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import tensorflow as tf
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from benchmarks import harness  # noqa: E402
-from benchmarks.bench_config import make_config  # noqa: E402
-from benchmarks.harness import time_rounds  # noqa: E402
-from keras_transformer.export import column_blocks  # noqa: E402
+from benchmarks import harness
+from benchmarks.bench_config import make_config
+from benchmarks.harness import time_rounds
+from keras_transformer.export import column_blocks
 
 
 def layer_shapes(config):

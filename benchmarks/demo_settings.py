@@ -20,9 +20,7 @@ kt-demo trains. Writes
 
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from benchmarks import harness  # noqa: E402
+from benchmarks import harness
 
 
 def choices(end, every):
@@ -116,7 +114,3 @@ def main(argv=None):
     document = {**fields, "kind": "demo-settings", "settings": vars(args), "results": results}
     harness.write_result(document, fields, "demo-settings", path=args.output)
     return document
-
-
-if __name__ == "__main__":
-    main()

@@ -88,7 +88,3 @@ def main(argv=None):
         report["rounds"].append(row)
     harness.write_result(report, record, "input-pipeline", args.json)
     return report
-
-
-if __name__ == "__main__":
-    main()

@@ -112,7 +112,3 @@ def main(argv=None):
         print(key, document[key], flush=True)
     harness.write_result(document, fields, "litert", args.json)
     return document
-
-
-if __name__ == "__main__":
-    main()

@@ -157,7 +157,3 @@ def count_parameters(saved_model_path):
                                                    "variables"))
     return sum(math.prod(shape) for name, shape in reader.get_variable_to_shape_map().items()
                if shape and "_CHECKPOINTABLE_OBJECT_GRAPH" not in name)
-
-
-if __name__ == "__main__":
-    main()

@@ -37,12 +37,10 @@ import collections
 import os
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import tensorflow as tf
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from benchmarks import harness, model_garden_reference  # noqa: E402
+from benchmarks import harness, model_garden_reference
 
 
 def snapshot(variables):
@@ -198,7 +196,3 @@ def main(argv=None):
     }
     harness.write_result(document, fields, "model-garden-multi30k", path=args.output)
     return document
-
-
-if __name__ == "__main__":
-    main()

@@ -302,7 +302,3 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     {"prepare": prepare, "train": train, "score": score}[args.step](args)
-
-
-if __name__ == "__main__":
-    main()

@@ -24,16 +24,14 @@ import re
 import tempfile
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import tensorflow as tf
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
-
-from benchmarks import harness  # noqa: E402
-from benchmarks.bench_config import TRANSLATE_SHAPE, make_config  # noqa: E402
-from benchmarks.harness import time_rounds  # noqa: E402
-from benchmarks.speed import Ours, random_batch  # noqa: E402
+from benchmarks import harness
+from benchmarks.bench_config import TRANSLATE_SHAPE, make_config
+from benchmarks.harness import time_rounds
+from benchmarks.speed import Ours, random_batch
 
 # Trace events that wrap thunks rather than being one (executors, waits).
 WRAPPERS = ("ThunkExecutor", "SlinkyThreadPool", "ThreadpoolListener", "while", "end:")

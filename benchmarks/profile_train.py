@@ -28,17 +28,13 @@ step (docs/performance.md).
 """
 
 import collections
-import os
 import re
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-
-from benchmarks import harness  # noqa: E402
-from benchmarks.bench_config import TRAIN_SHAPE, make_config  # noqa: E402
-from benchmarks.harness import time_rounds  # noqa: E402
-from benchmarks.profile_search import WRAPPERS, event_kind, profiled  # noqa: E402
-from benchmarks.speed import Ours, random_batch  # noqa: E402
+from benchmarks import harness
+from benchmarks.bench_config import TRAIN_SHAPE, make_config
+from benchmarks.harness import time_rounds
+from benchmarks.profile_search import WRAPPERS, event_kind, profiled
+from benchmarks.speed import Ours, random_batch
 
 GROUPS = ("matmul", "ops", "xla", "runtime")
 # A TensorFlow op's trace event is named "<op name>:<op type>"; the runtime's

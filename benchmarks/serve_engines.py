@@ -452,7 +452,3 @@ def main(argv=None):
     if "load" in report:
         print(f"load: kt-serve on CTranslate2 int8 / on the SavedModel, sentences/s: "
               f"{report['load']['ratio_median']:.3f}")
-
-
-if __name__ == "__main__":
-    main()

@@ -83,7 +83,3 @@ def main(argv=None):
     print(f"bytes per unit of work: {slope:.0f} (the slope); 2 GiB = "
           f"{document['units_per_2_gib']} units")
     harness.write_result(document, fields, "serve-work", args.json)
-
-
-if __name__ == "__main__":
-    main()

@@ -37,13 +37,11 @@ import statistics
 import tempfile
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import tensorflow as tf
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from benchmarks import harness, model_garden_reference  # noqa: E402
-from benchmarks.bench_config import (  # noqa: E402
+from benchmarks import harness, model_garden_reference
+from benchmarks.bench_config import (
     TRAIN_SHAPE,
     TRANSLATE_SHAPE,
     compiled_model,
@@ -52,7 +50,7 @@ from benchmarks.bench_config import (  # noqa: E402
     random_ids,
     training_flops,
 )
-from benchmarks.harness import time_rounds  # noqa: E402
+from benchmarks.harness import time_rounds
 
 
 def random_batch(config, batch, length, seed):

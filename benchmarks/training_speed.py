@@ -8,11 +8,8 @@ processes affects them alike and their ratio stays meaningful.
     python -m benchmarks training --configs small base --precisions float32 mixed_bfloat16
 """
 
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from benchmarks import harness  # noqa: E402
+from benchmarks import harness
 
 
 def main(argv=None):

@@ -88,7 +88,3 @@ def main(argv=None):
     print(f"with / without the map: {report['ratio_median']:.3f}x sentences/s; BLEU "
           f"{report['bleu_off']:.2f} -> {report['bleu_on']:.2f}")
     harness.write_result(report, record, "vocabulary-map", args.json, indent=1)
-
-
-if __name__ == "__main__":
-    main()
