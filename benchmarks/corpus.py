@@ -12,7 +12,7 @@ alternating, and checks that both write the same translations.
     python -m benchmarks corpus --saved-model saved_models/demo
     python -m benchmarks corpus --ctranslate2-model DIR --lines 10000
     python -m benchmarks corpus --run-dir runs/demo --lines 10000 --large-lines 20000
-    python -m benchmarks corpus --saved-model saved_models/demo \
+    python -m benchmarks corpus --saved-model saved_models/demo \\
         --beam-python .venv-beam/bin/python --parts beam
 
 Each measurement is one `kt-translate` process (its peak RSS from

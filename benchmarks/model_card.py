@@ -3,8 +3,8 @@ Multi30k validation and test_2016_flickr splits (sacreBLEU with its
 signature, chrF, and the Multi30k papers' tokenized BLEU), one-sentence
 latency and sentences/s on one thread, the size in parameters and on disk.
 
-    python -m benchmarks model-card --saved-model saved_models/multi30k_en_de \
-        --ctranslate2-model saved_models/multi30k_en_de_ct2 \
+    python -m benchmarks model-card --saved-model saved_models/multi30k_en_de \\
+        --ctranslate2-model saved_models/multi30k_en_de_ct2 \\
         --data ../shared/data/multi30k
 
 Each engine translates every split with its export's defaults (beam,

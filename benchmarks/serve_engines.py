@@ -40,8 +40,8 @@ newest) parts 2 and 4 time that export instead
 of the run's, on the sentences of `--source-file` (one per line; default
 the held-out test sentences):
 
-    python -m benchmarks serve-engines --parts overhead \
-        --ctranslate2-export saved_models/multi30k_en_de_ct2/1 \
+    python -m benchmarks serve-engines --parts overhead \\
+        --ctranslate2-export saved_models/multi30k_en_de_ct2/1 \\
         --source-file ../shared/data/multi30k/val.en
 
 CTranslate2 runs with `--ctranslate2-threads` intra threads in every part

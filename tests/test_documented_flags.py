@@ -79,7 +79,14 @@ def kt_flags(name):
 
 
 def option_strings(parser):
-    return {s for action in parser._actions for s in action.option_strings}
+    """The options of `parser` and of its subcommands' parsers, if any."""
+    found = set()
+    for action in parser._actions:
+        found.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                found |= option_strings(subparser)
+    return found
 
 
 class _Parsed(Exception):
@@ -164,4 +171,40 @@ def test_every_documented_flag_exists(monkeypatch):
             for flag in sorted(flags - known):
                 label = f"kt-{name}" if kind == "kt" else f"python -m benchmarks {name}"
                 problems.append(f"{path}: {label} {flag} is not in its --help")
+    assert not problems, "\n".join(problems)
+
+
+def docstring_commands(doc):
+    """`command_lines` of a module docstring's indented example lines, with
+    their backslash continuations joined."""
+    lines = [line for line in re.sub(r"\\\n", " ", doc).splitlines() if line.startswith("    ")]
+    return command_lines("```\n" + "\n".join(lines) + "\n```")
+
+
+def test_benchmark_help_examples_are_whole_command_lines(monkeypatch):
+    """Each subcommand's docstring (its --help) shows commands whose flags
+    it knows, one line per written line: a lone backslash at a line's end in
+    the source joins the two lines into one, spaces and all."""
+    from benchmarks.__main__ import SUBCOMMANDS
+
+    problems = []
+    for module_name, _ in SUBCOMMANDS.values():
+        try:
+            module = importlib.import_module(f"benchmarks.{module_name}")
+        except ImportError as e:  # e.g. jax, installed only in .venv-jax
+            warnings.warn(f"benchmarks.{module_name}: examples not checked ({e})", stacklevel=2)
+            continue
+        doc = module.__doc__ or ""
+        for line in doc.splitlines():
+            if "python -m benchmarks" in line and re.search(r"\S {3,}--", line):
+                problems.append(f"benchmarks/{module_name}.py: a lost line break in {line!r}")
+        for (kind, name), flags in docstring_commands(doc):
+            if kind != "benchmarks":
+                continue
+            if name not in SUBCOMMANDS:
+                problems.append(f"benchmarks/{module_name}.py: no subcommand {name!r}")
+                continue
+            unknown = set(flags) - benchmark_flags(name, monkeypatch)
+            problems += [f"benchmarks/{module_name}.py: python -m benchmarks {name} {flag} "
+                         "is not in its --help" for flag in sorted(unknown)]
     assert not problems, "\n".join(problems)
