@@ -84,9 +84,10 @@ def test_installed_commands_train_export_and_translate(venv, tmp_path):
             assert noise not in out.stderr, f"{args[0]}: {out.stderr[-3000:]}"
         return out
 
-    # A library import is TensorFlow's as usual (only the commands quiet it).
-    where = run([os.path.join(bin_dir, "python"), "-c",
-                 "import keras_transformer; print(keras_transformer.__file__)"], cwd=work, env=env)
+    # Where the package resolves from, without importing it (TensorFlow):
+    # the commands below import it.
+    probe = "import importlib.util; print(importlib.util.find_spec('keras_transformer').origin)"
+    where = run([os.path.join(bin_dir, "python"), "-c", probe], cwd=work, env=env)
     installed = os.path.realpath(where.stdout.strip())
     assert installed.startswith(os.path.realpath(venv) + os.sep), installed
     assert not installed.startswith(os.path.realpath(ROOT) + os.sep)

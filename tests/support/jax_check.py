@@ -44,7 +44,7 @@ def loss_of(trainable):
     return loss_fn(target, y_pred)
 
 
-grads = jax.grad(loss_of)(trainable)
+grads = jax.jit(jax.grad(loss_of))(trainable)  # one program: eager dispatch is slower
 norms = [float(np.linalg.norm(np.asarray(g))) for g in grads]
 assert all(np.isfinite(norms)), norms
 report["weights"] = len(norms)
@@ -69,8 +69,9 @@ with jax.default_matmul_precision("float32"):
     memory, memory_mask = model.encode(source, training=False)
     cache = model.init_decoding_cache(memory, target_in.shape[1])
     steps = []
+    decode_step = jax.jit(model.decode_step)  # as the searches call it, compiled once
     for t in range(target_in.shape[1]):
-        step_logits, cache = model.decode_step(target_in[:, t], t, cache, memory_mask)
+        step_logits, cache = decode_step(target_in[:, t], t, cache, memory_mask)
         steps.append(np.asarray(step_logits))
 report["cache_vs_full_max_abs_diff"] = float(np.abs(np.stack(steps, 1) - full).max())
 
