@@ -1,5 +1,6 @@
-"""Every flag that README.md, docs/*.md and benchmarks/README.md pass to a
-command exists in that command's --help.
+"""Every flag that README.md, docs/*.md, benchmarks/README.md and the
+benchmark subcommands' --help examples pass to a command exists in that
+command's --help.
 
 A command line is found in fenced code blocks (backslash continuations
 joined) and in inline code spans: `kt-<name> ...`, its script form
@@ -147,6 +148,9 @@ def test_every_documented_flag_exists(monkeypatch):
         with open(path, encoding="utf-8") as f:
             for command, flags in command_lines(f.read()):
                 used.setdefault(command, {}).setdefault(path, set()).update(flags)
+    for path, doc in benchmark_docstrings():  # each subcommand's --help examples
+        for command, flags in docstring_commands(doc):
+            used.setdefault(command, {}).setdefault(path, set()).update(flags)
     problems = []
     for (kind, name), places in sorted(used.items()):
         if kind == "kt":
@@ -181,30 +185,26 @@ def docstring_commands(doc):
     return command_lines("```\n" + "\n".join(lines) + "\n```")
 
 
-def test_benchmark_help_examples_are_whole_command_lines(monkeypatch):
-    """Each subcommand's docstring (its --help) shows commands whose flags
-    it knows, one line per written line: a lone backslash at a line's end in
-    the source joins the two lines into one, spaces and all."""
+def benchmark_docstrings():
+    """`(path, docstring)` of each benchmark subcommand's module, whose
+    docstring is its --help; a module that cannot be imported here is
+    skipped with a warning."""
     from benchmarks.__main__ import SUBCOMMANDS
 
-    problems = []
     for module_name, _ in SUBCOMMANDS.values():
         try:
             module = importlib.import_module(f"benchmarks.{module_name}")
         except ImportError as e:  # e.g. jax, installed only in .venv-jax
             warnings.warn(f"benchmarks.{module_name}: examples not checked ({e})", stacklevel=2)
             continue
-        doc = module.__doc__ or ""
-        for line in doc.splitlines():
-            if "python -m benchmarks" in line and re.search(r"\S {3,}--", line):
-                problems.append(f"benchmarks/{module_name}.py: a lost line break in {line!r}")
-        for (kind, name), flags in docstring_commands(doc):
-            if kind != "benchmarks":
-                continue
-            if name not in SUBCOMMANDS:
-                problems.append(f"benchmarks/{module_name}.py: no subcommand {name!r}")
-                continue
-            unknown = set(flags) - benchmark_flags(name, monkeypatch)
-            problems += [f"benchmarks/{module_name}.py: python -m benchmarks {name} {flag} "
-                         "is not in its --help" for flag in sorted(unknown)]
+        yield os.path.join("benchmarks", f"{module_name}.py"), module.__doc__ or ""
+
+
+def test_benchmark_help_examples_keep_their_line_breaks():
+    """A lone backslash at a line's end in a docstring joins that example
+    line with the next, spaces and all, in --help (their flags are checked
+    with the documents' above)."""
+    problems = [f"{path}: a lost line break in {line!r}"
+                for path, doc in benchmark_docstrings() for line in doc.splitlines()
+                if "python -m benchmarks" in line and re.search(r"\S {3,}--", line)]
     assert not problems, "\n".join(problems)
