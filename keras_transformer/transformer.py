@@ -1,5 +1,9 @@
 """The Transformer (paper section 3, Figure 1) as a subclassed `keras.Model`."""
 
+import contextvars
+import inspect
+import weakref
+
 import keras
 from keras import ops
 
@@ -13,6 +17,10 @@ from keras_transformer.layers.masks import causal_mask, padding_mask
 from keras_transformer.losses import normalizing_weights, real_token_weights
 from keras_transformer.ops.shapes import size
 from keras_transformer.r_drop import r_drop_term
+
+# The epoch iterators that Keras's trainer shows `_maybe_symbolic_build`
+# during the `fit` running in this context (weak references).
+_FIT_EPOCH_ITERATORS = contextvars.ContextVar("fit_epoch_iterators", default=None)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -233,7 +241,31 @@ class Transformer(keras.Model):
     def test_step(self, *args):
         return distribute.multi_worker_safe_logs(super().test_step(*args))
 
+    def fit(self, *args, **kwargs):
+        """`keras.Model.fit`, which deletes its input iterator when it returns.
+
+        When training stops before an epoch's end (`stop_training`: a step
+        budget, a time budget, a signal, early stopping), Keras 3.15 leaves
+        that epoch's batch generator suspended in a reference cycle with the
+        epoch iterator, which holds the `tf.data` iterator. That iterator then
+        outlives `fit` until a full garbage collection, its autotuning thread
+        sleeping ever longer periods, and the collection that deletes it can
+        wait up to a minute for that thread with every core idle
+        (docs/performance.md#deleting-an-autotuned-iterator). Closing the
+        generator here ends the cycle.
+        """
+        token = _FIT_EPOCH_ITERATORS.set([])
+        try:
+            return super().fit(*args, **kwargs)
+        finally:
+            for ref in _FIT_EPOCH_ITERATORS.get():
+                _release_epoch_iterator(ref())
+            _FIT_EPOCH_ITERATORS.reset(token)
+
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        seen = _FIT_EPOCH_ITERATORS.get()
+        if seen is not None and iterator is not None:
+            seen.append(weakref.ref(iterator))
         # Without a strategy at construction Keras builds while tracing the
         # step and ignores the batch; pulling one anyway would open a
         # throwaway iterator, which takes shuffle seeds from the dataset's
@@ -282,3 +314,13 @@ def _unpack_inputs(inputs):
         "Transformer expects `(source_ids, target_input_ids)` or a dict with "
         f"those keys, received {type(inputs).__name__}."
     )
+
+
+def _release_epoch_iterator(epoch_iterator):
+    """Closes a Keras epoch iterator's suspended batch generator and drops the
+    input iterator it holds (`None` and objects without them are left alone)."""
+    generator = getattr(epoch_iterator, "_epoch_iterator", None)
+    if inspect.isgenerator(generator):
+        generator.close()
+    if hasattr(epoch_iterator, "_current_iterator"):
+        epoch_iterator._current_iterator = None

@@ -260,3 +260,50 @@ def test_validations_read_the_validation_set_exactly_once_each(tiny_config, stra
     assert len(reads) == 3 * len(batches)
     model.evaluate(validation, verbose=0)
     assert len(reads) == 4 * len(batches)
+
+
+@pytest.mark.parametrize("strategy", [None, "OneDeviceStrategy"])
+def test_fit_stopped_mid_epoch_deletes_its_input_iterator_on_return(
+        tiny_config, strategy, monkeypatch):
+    # Keras leaves a stopped epoch's batch generator in a reference cycle
+    # with the tf.data iterator; deleting that iterator at a later garbage
+    # collection can wait up to a minute for its autotuning thread.
+    import contextlib
+    import gc
+    import weakref
+
+    from tensorflow.python.data.ops import iterator_ops
+
+    from test_checkpoints import dataset
+
+    created = []
+    make = iterator_ops.OwnedIterator.__init__
+
+    def recording(self, *args, **kwargs):
+        make(self, *args, **kwargs)
+        created.append(weakref.ref(self))
+
+    monkeypatch.setattr(iterator_ops.OwnedIterator, "__init__", recording)
+
+    class StopAtTheSecondUpdate(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            self.model.stop_training = batch == 1
+
+    config = tiny_config.replace(num_layers=1)  # depth holds no iterator
+    scope = (tf.distribute.OneDeviceStrategy("/cpu:0").scope() if strategy
+             else contextlib.nullcontext())
+    with scope:
+        model = kt.Transformer(config)
+        model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                      loss=kt.LabelSmoothedCrossEntropy(0.1, pad_id=config.pad_id))
+    # No collection may run between fit's return and the count: only
+    # reference counting deletes the iterator then.
+    gc.disable()
+    try:
+        model.fit(dataset(2).repeat(), steps_per_epoch=5, epochs=2, verbose=0,
+                  callbacks=[StopAtTheSecondUpdate()])
+        alive = sum(ref() is not None for ref in created)
+    finally:
+        gc.enable()
+    assert int(model.optimizer.iterations) == 2
+    assert created and alive == 0, f"{alive} of {len(created)} tf.data iterators outlived fit"
