@@ -1,5 +1,6 @@
 """The Transformer (paper section 3, Figure 1) as a subclassed `keras.Model`."""
 
+import contextlib
 import contextvars
 import inspect
 import weakref
@@ -19,8 +20,9 @@ from keras_transformer.ops.shapes import size
 from keras_transformer.r_drop import r_drop_term
 
 # The epoch iterators that Keras's trainer shows `_maybe_symbolic_build`
-# during the `fit` running in this context (weak references).
-_FIT_EPOCH_ITERATORS = contextvars.ContextVar("fit_epoch_iterators", default=None)
+# during the outermost `fit` or `evaluate` running in this context (weak
+# references); None outside them.
+_EPOCH_ITERATORS = contextvars.ContextVar("epoch_iterators", default=None)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -242,28 +244,31 @@ class Transformer(keras.Model):
         return distribute.multi_worker_safe_logs(super().test_step(*args))
 
     def fit(self, *args, **kwargs):
-        """`keras.Model.fit`, which deletes its input iterator when it returns.
+        """`keras.Model.fit`, which deletes its input iterators when it returns.
 
         When training stops before an epoch's end (`stop_training`: a step
         budget, a time budget, a signal, early stopping), Keras 3.15 leaves
         that epoch's batch generator suspended in a reference cycle with the
-        epoch iterator, which holds the `tf.data` iterator. That iterator then
-        outlives `fit` until a full garbage collection, its autotuning thread
-        sleeping ever longer periods, and the collection that deletes it can
-        wait up to a minute for that thread with every core idle
+        epoch iterator, which holds the `tf.data` iterator; so does every
+        pass over a dataset of unknown length, which ends when the data runs
+        out. That iterator then outlives the call until a full garbage
+        collection, its autotuning thread sleeping ever longer periods, and
+        the collection that deletes it can wait up to a minute for that
+        thread with every core idle
         (docs/performance.md#deleting-an-autotuned-iterator). Closing the
-        generator here ends the cycle.
+        generators here ends the cycles.
         """
-        token = _FIT_EPOCH_ITERATORS.set([])
-        try:
+        with _epoch_iterators_released():
             return super().fit(*args, **kwargs)
-        finally:
-            for ref in _FIT_EPOCH_ITERATORS.get():
-                _release_epoch_iterator(ref())
-            _FIT_EPOCH_ITERATORS.reset(token)
+
+    def evaluate(self, *args, **kwargs):
+        """`keras.Model.evaluate`, which deletes its input iterator when it
+        returns (see `fit`); inside `fit`, `fit` does."""
+        with _epoch_iterators_released():
+            return super().evaluate(*args, **kwargs)
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        seen = _FIT_EPOCH_ITERATORS.get()
+        seen = _EPOCH_ITERATORS.get()
         if seen is not None and iterator is not None:
             seen.append(weakref.ref(iterator))
         # Without a strategy at construction Keras builds while tracing the
@@ -314,6 +319,21 @@ def _unpack_inputs(inputs):
         "Transformer expects `(source_ids, target_input_ids)` or a dict with "
         f"those keys, received {type(inputs).__name__}."
     )
+
+
+@contextlib.contextmanager
+def _epoch_iterators_released():
+    if _EPOCH_ITERATORS.get() is not None:
+        # Within `fit`: its validation reuses the iterator; `fit` releases it.
+        yield
+        return
+    token = _EPOCH_ITERATORS.set([])
+    try:
+        yield
+    finally:
+        for ref in _EPOCH_ITERATORS.get():
+            _release_epoch_iterator(ref())
+        _EPOCH_ITERATORS.reset(token)
 
 
 def _release_epoch_iterator(epoch_iterator):

@@ -263,18 +263,19 @@ def test_validations_read_the_validation_set_exactly_once_each(tiny_config, stra
 
 
 @pytest.mark.parametrize("strategy", [None, "OneDeviceStrategy"])
-def test_fit_stopped_mid_epoch_deletes_its_input_iterator_on_return(
+def test_fit_and_evaluate_delete_their_input_iterators_on_return(
         tiny_config, strategy, monkeypatch):
-    # Keras leaves a stopped epoch's batch generator in a reference cycle
-    # with the tf.data iterator; deleting that iterator at a later garbage
-    # collection can wait up to a minute for its autotuning thread.
+    # Keras leaves the batch generator of a stopped epoch, and of a pass over
+    # data of unknown length, in a reference cycle with the tf.data
+    # iterator; deleting that iterator at a later garbage collection can
+    # wait up to a minute for its autotuning thread.
     import contextlib
     import gc
     import weakref
 
     from tensorflow.python.data.ops import iterator_ops
 
-    from test_checkpoints import dataset
+    from test_checkpoints import batch, dataset
 
     created = []
     make = iterator_ops.OwnedIterator.__init__
@@ -285,10 +286,26 @@ def test_fit_stopped_mid_epoch_deletes_its_input_iterator_on_return(
 
     monkeypatch.setattr(iterator_ops.OwnedIterator, "__init__", recording)
 
+    def alive_after(call):
+        """The iterators `call` made and how many outlive it, with no
+        collection between its return and the count: only reference counting
+        can delete them."""
+        created.clear()
+        gc.disable()
+        try:
+            call()
+            return len(created), sum(ref() is not None for ref in created)
+        finally:
+            gc.enable()
+
     class StopAtTheSecondUpdate(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             self.model.stop_training = batch == 1
 
+    unknown_length = tf.data.Dataset.from_generator(
+        lambda: iter([batch(100), batch(110)]), output_signature=(
+            (tf.TensorSpec((4, 7), tf.int32), tf.TensorSpec((4, 6), tf.int32)),
+            tf.TensorSpec((4, 6), tf.int32)))
     config = tiny_config.replace(num_layers=1)  # depth holds no iterator
     scope = (tf.distribute.OneDeviceStrategy("/cpu:0").scope() if strategy
              else contextlib.nullcontext())
@@ -296,14 +313,10 @@ def test_fit_stopped_mid_epoch_deletes_its_input_iterator_on_return(
         model = kt.Transformer(config)
         model.compile(optimizer=keras.optimizers.Adam(1e-3),
                       loss=kt.LabelSmoothedCrossEntropy(0.1, pad_id=config.pad_id))
-    # No collection may run between fit's return and the count: only
-    # reference counting deletes the iterator then.
-    gc.disable()
-    try:
-        model.fit(dataset(2).repeat(), steps_per_epoch=5, epochs=2, verbose=0,
-                  callbacks=[StopAtTheSecondUpdate()])
-        alive = sum(ref() is not None for ref in created)
-    finally:
-        gc.enable()
+    made, alive = alive_after(lambda: model.fit(
+        dataset(2).repeat(), validation_data=unknown_length, steps_per_epoch=5, epochs=2,
+        verbose=0, callbacks=[StopAtTheSecondUpdate()]))
     assert int(model.optimizer.iterations) == 2
-    assert created and alive == 0, f"{alive} of {len(created)} tf.data iterators outlived fit"
+    assert made >= 2 and alive == 0, f"{alive} of {made} tf.data iterators outlived fit"
+    made, alive = alive_after(lambda: model.evaluate(unknown_length, verbose=0))
+    assert made >= 1 and alive == 0, f"{alive} of {made} tf.data iterators outlived evaluate"
