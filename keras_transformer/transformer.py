@@ -256,7 +256,8 @@ class Transformer(keras.Model):
         the collection that deletes it can wait up to a minute for that
         thread with every core idle
         (docs/performance.md#deleting-an-autotuned-iterator). Closing the
-        generators here ends the cycles.
+        generators here ends the cycles. Keras's TensorFlow trainer shows
+        them to `_maybe_symbolic_build`; under JAX nothing is released.
         """
         with _epoch_iterators_released():
             return super().fit(*args, **kwargs)
