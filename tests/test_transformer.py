@@ -1,3 +1,5 @@
+import contextlib
+
 import keras
 import numpy as np
 import pytest
@@ -195,6 +197,27 @@ def test_rejects_malformed_inputs(tiny_config):
         model(random_ids((2, 3)))
 
 
+def generated_batches(generate):
+    """A dataset of unknown length over the `test_checkpoints.batch` pairs
+    that `generate()` yields."""
+    return tf.data.Dataset.from_generator(generate, output_signature=(
+        (tf.TensorSpec((4, 7), tf.int32), tf.TensorSpec((4, 6), tf.int32)),
+        tf.TensorSpec((4, 6), tf.int32)))
+
+
+def compiled_under(strategy, config, metrics=None):
+    """A `kt.Transformer` compiled in the scope of `strategy` (None: no
+    strategy; "OneDeviceStrategy": one on the CPU)."""
+    scope = (tf.distribute.OneDeviceStrategy("/cpu:0").scope() if strategy
+             else contextlib.nullcontext())
+    with scope:
+        model = kt.Transformer(config)
+        model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                      loss=kt.LabelSmoothedCrossEntropy(0.1, pad_id=config.pad_id),
+                      metrics=metrics)
+    return model
+
+
 def test_fit_without_a_strategy_opens_one_training_iterator(tiny_config):
     # One layer: the iterators, not depth, are what these count.
     config = tiny_config.replace(num_layers=1)
@@ -203,8 +226,6 @@ def test_fit_without_a_strategy_opens_one_training_iterator(tiny_config):
     # dataset's generator, which its iterators share: training would get the
     # second draw, or a later one when the throwaway's prefetch wraps round a
     # small corpus, so the order would vary with load.
-    import tensorflow as tf
-
     from test_checkpoints import batch
 
     starts = []
@@ -214,13 +235,8 @@ def test_fit_without_a_strategy_opens_one_training_iterator(tiny_config):
         while True:
             yield batch(100)
 
-    train = tf.data.Dataset.from_generator(generate, output_signature=(
-        (tf.TensorSpec((4, 7), tf.int32), tf.TensorSpec((4, 6), tf.int32)),
-        tf.TensorSpec((4, 6), tf.int32)))
-    model = kt.Transformer(config)
-    model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                  loss=kt.LabelSmoothedCrossEntropy(0.1, pad_id=config.pad_id),
-                  metrics=[kt.MaskedAccuracy(pad_id=config.pad_id)])
+    train = generated_batches(generate)
+    model = compiled_under(None, config, metrics=[kt.MaskedAccuracy(pad_id=config.pad_id)])
     model.fit(train, steps_per_epoch=2, epochs=2, verbose=0)
     assert len(starts) == 1
 
@@ -231,10 +247,6 @@ def test_validations_read_the_validation_set_exactly_once_each(tiny_config, stra
     # Once everything is built, neither fit's validations nor evaluate pull a
     # batch from a throwaway iterator: dropping such a half-read iterator can
     # stall training with every core idle.
-    import contextlib
-
-    import tensorflow as tf
-
     from test_checkpoints import batch, dataset
 
     batches = [batch(100 + 10 * i) for i in range(3)]
@@ -245,16 +257,8 @@ def test_validations_read_the_validation_set_exactly_once_each(tiny_config, stra
             reads.append(1)
             yield b
 
-    validation = tf.data.Dataset.from_generator(generate, output_signature=(
-        (tf.TensorSpec((4, 7), tf.int32), tf.TensorSpec((4, 6), tf.int32)),
-        tf.TensorSpec((4, 6), tf.int32)))
-    scope = (tf.distribute.OneDeviceStrategy("/cpu:0").scope() if strategy
-             else contextlib.nullcontext())
-    with scope:
-        model = kt.Transformer(config)
-        model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                      loss=kt.LabelSmoothedCrossEntropy(0.1, pad_id=config.pad_id),
-                      metrics=[kt.MaskedAccuracy(pad_id=config.pad_id)])
+    validation = generated_batches(generate)
+    model = compiled_under(strategy, config, metrics=[kt.MaskedAccuracy(pad_id=config.pad_id)])
     model.fit(dataset(1).repeat(), validation_data=validation, steps_per_epoch=1, epochs=3,
               verbose=0)
     assert len(reads) == 3 * len(batches)
@@ -269,7 +273,6 @@ def test_fit_and_evaluate_delete_their_input_iterators_on_return(
     # data of unknown length, in a reference cycle with the tf.data
     # iterator; deleting that iterator at a later garbage collection can
     # wait up to a minute for its autotuning thread.
-    import contextlib
     import gc
     import weakref
 
@@ -302,17 +305,9 @@ def test_fit_and_evaluate_delete_their_input_iterators_on_return(
         def on_train_batch_end(self, batch, logs=None):
             self.model.stop_training = batch == 1
 
-    unknown_length = tf.data.Dataset.from_generator(
-        lambda: iter([batch(100), batch(110)]), output_signature=(
-            (tf.TensorSpec((4, 7), tf.int32), tf.TensorSpec((4, 6), tf.int32)),
-            tf.TensorSpec((4, 6), tf.int32)))
-    config = tiny_config.replace(num_layers=1)  # depth holds no iterator
-    scope = (tf.distribute.OneDeviceStrategy("/cpu:0").scope() if strategy
-             else contextlib.nullcontext())
-    with scope:
-        model = kt.Transformer(config)
-        model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                      loss=kt.LabelSmoothedCrossEntropy(0.1, pad_id=config.pad_id))
+    unknown_length = generated_batches(lambda: iter([batch(100), batch(110)]))
+    # One layer: depth holds no iterator.
+    model = compiled_under(strategy, tiny_config.replace(num_layers=1))
     made, alive = alive_after(lambda: model.fit(
         dataset(2).repeat(), validation_data=unknown_length, steps_per_epoch=5, epochs=2,
         verbose=0, callbacks=[StopAtTheSecondUpdate()]))
