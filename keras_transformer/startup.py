@@ -2,7 +2,7 @@
 
 A command's `main()` called without arguments (as the console scripts and
 `training/*.py` call it) runs `start()` before its other imports. Two
-settings, each shown in `--help` and each with a switch, and one without:
+settings, each shown in `--help` and each with a switch, and two without:
 
 - Quiet start-up. TensorFlow's C++ runtime writes to stderr on import and
   when it sets up devices, where nothing is wrong: "failed call to cuInit"
@@ -22,6 +22,12 @@ settings, each shown in `--help` and each with a switch, and one without:
 - Fast malloc: `malloc.apply()`, glibc's malloc tuned so that training
   steps reuse their memory instead of faulting it in again.
   `--system-malloc` or KT_FAST_MALLOC=0 leaves malloc alone.
+- Keras without matplotlib: importing TensorFlow imports Keras, and
+  Keras imports matplotlib (pyplot and patches) for its image galleries
+  (`keras.visualization`) when matplotlib is installed (the `viz` extra).
+  No command draws those, so `start()` imports TensorFlow with matplotlib
+  held back (`matplotlib_held_back()`); `kt-visualize` and `kt-demo`
+  import it when they draw. Always on: it changes no output.
 - Fewer garbage collections: `collect_less()`. Tracing a model into a
   graph (an export, a `tf.function`) allocates millions of short-lived
   Python objects, and at Python's default first threshold (700) the cyclic
@@ -35,6 +41,7 @@ calling `kt-train`'s main) changes none of them: they are settings of the
 process, which the caller owns.
 """
 
+import contextlib
 import gc
 import os
 import re
@@ -143,9 +150,30 @@ def start(argv=None):
     thresholds = collect_less()
     if loud:
         print(f"kt: garbage collector thresholds {thresholds}", file=sys.stderr)
+        with matplotlib_held_back():
+            import tensorflow  # noqa: F401
     else:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-        import_tensorflow_quietly()
+        with matplotlib_held_back():
+            import_tensorflow_quietly()
+
+
+@contextlib.contextmanager
+def matplotlib_held_back():
+    """Within the block, importing matplotlib or any of its modules raises
+    ImportError (a None entry in `sys.modules`), so a module that treats
+    matplotlib as optional (Keras's image galleries) goes without it;
+    afterwards it imports as usual. Nothing is held back when matplotlib is
+    imported already."""
+    if "matplotlib" in sys.modules:
+        yield
+        return
+    sys.modules["matplotlib"] = None
+    try:
+        yield
+    finally:
+        if "matplotlib" in sys.modules and sys.modules["matplotlib"] is None:
+            del sys.modules["matplotlib"]
 
 
 def collect_less():

@@ -192,6 +192,41 @@ def test_every_command_starts_up_before_it_imports_tensorflow():
                             or module in ("keras_transformer.malloc", "tensorflow")), module
 
 
+# Started as `sys.argv[1]`: whether TensorFlow and matplotlib were imported
+# with the package and Keras's gallery went without pyplot; then pyplot by
+# hand.
+PYPLOT_PROBE = """
+import sys
+sys.argv[0] = sys.argv.pop(1)
+import keras_transformer
+from keras.src.visualization import plot_image_gallery
+print("tensorflow" in sys.modules, "matplotlib" in sys.modules, plot_image_gallery.plt is None)
+import matplotlib.pyplot
+print(matplotlib.pyplot.__name__, "matplotlib.pyplot" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("verbose", ["0", "1"])
+def test_a_command_imports_keras_without_matplotlib_and_pyplot_later(verbose):
+    pytest.importorskip("matplotlib")  # the viz extra, which the tests install
+    env = clean_env(KT_VERBOSE=verbose)
+    command = python(PYPLOT_PROBE, env, args=["kt-visualize"]).stdout.splitlines()
+    assert command == ["True False True", "matplotlib.pyplot True"]
+    # The premise: a program that is not a command gets Keras's own import.
+    program = python(PYPLOT_PROBE, env, args=["program.py"]).stdout.splitlines()
+    assert program == ["True True False", "matplotlib.pyplot True"], (
+        "Keras no longer imports matplotlib: startup.matplotlib_held_back is moot")
+
+
+def test_matplotlib_held_back_leaves_an_imported_matplotlib_alone():
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot
+
+    with startup.matplotlib_held_back():
+        from matplotlib import pyplot
+    assert pyplot is matplotlib.pyplot is sys.modules["matplotlib.pyplot"]
+
+
 def test_training_scripts_are_the_commands():
     for command, script in SCRIPTS.items():
         text = open(os.path.join(ROOT, "training", f"{script}.py")).read()
