@@ -150,11 +150,12 @@ def start(argv=None):
     thresholds = collect_less()
     if loud:
         print(f"kt: garbage collector thresholds {thresholds}", file=sys.stderr)
-        with matplotlib_held_back():
-            import tensorflow  # noqa: F401
     else:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-        with matplotlib_held_back():
+    with matplotlib_held_back():
+        if loud:
+            import tensorflow  # noqa: F401
+        else:
             import_tensorflow_quietly()
 
 
@@ -172,7 +173,7 @@ def matplotlib_held_back():
     try:
         yield
     finally:
-        if "matplotlib" in sys.modules and sys.modules["matplotlib"] is None:
+        if sys.modules.get("matplotlib", False) is None:
             del sys.modules["matplotlib"]
 
 
