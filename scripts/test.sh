@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the package with its test extra into .venv (idempotent) and runs the
-# default test suite (fast: tiny configs; `-m slow` checks are separate).
+# default test suite (fast: tiny configs). The end-to-end tier (`-m e2e`: an
+# install, the demo, the recipes, other Python environments) and the `-m slow`
+# checks are separate; .ci/run runs the default suite and the e2e tier.
 # The tests run in one pytest-xdist worker per core, at most 4
 # (KT_TEST_WORKERS overrides; 0 runs them in this process, e.g. for --pdb):
 # most of a test's time is one core importing TensorFlow, tracing or
@@ -14,7 +16,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
-source scripts/venv_jax.sh
-source scripts/venv_beam.sh
+# The end-to-end tier (`-m e2e`, docs/testing.md#tiers) also runs the model
+# in a JAX environment and the corpus pipeline in an Apache Beam one.
+case " $* " in
+  *e2e*) source scripts/venv_jax.sh; source scripts/venv_beam.sh ;;
+esac
 python -m pytest -q -rs -n "${KT_TEST_WORKERS:-auto}" --maxprocesses 4 --dist loadfile \
   --no-loadscope-reorder --durations 10 "$@"

@@ -19,6 +19,10 @@ import pytest
 from support.processes import ENV, ROOT
 from support.serving_model import export_tiny_model
 
+# Another Python environment (.venv-beam) and Beam's worker processes: the
+# end-to-end tier (docs/testing.md#tiers).
+pytestmark = pytest.mark.e2e
+
 
 def beam_python():
     if importlib.util.find_spec("apache_beam") is not None:

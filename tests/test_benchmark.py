@@ -33,6 +33,7 @@ def test_help_lists_every_subcommand():
     assert unknown.returncode == 2 and "unknown subcommand 'nope'" in unknown.stderr
 
 
+@pytest.mark.e2e
 def test_benchmark_reports_throughput_utilisation_and_latency(tmp_path):
     out = tmp_path / "report.json"
     result = run("--config", "tiny", "--precision", "mixed_bfloat16",
@@ -82,6 +83,7 @@ def test_jax_benchmark_parses_shapes_and_overrides():
         bench_config.make_config("bench", ["dropout"])
 
 
+@pytest.mark.e2e
 def test_search_profile_breaks_thunk_time_down_by_kind():
     result = run("--config", "tiny", "--searches", "1", "--top", "40", "--batch", "2",
                  "--source-length", "6",
@@ -136,6 +138,7 @@ def test_search_profile_counts_the_thunks_the_calling_thread_runs():
                                      "add_fusion": (pytest.approx(0.001), 0.5)}
 
 
+@pytest.mark.e2e
 def test_training_profile_splits_thread_time_into_groups_and_kinds():
     from benchmarks import profile_train
 
@@ -252,6 +255,7 @@ def test_corpus_input_is_all_different_sentences_up_to_the_cap(tmp_path):
         main(["--saved-model", "m", "--parts", "memory,speed"])
 
 
+@pytest.mark.e2e
 def test_serve_engines_times_a_shipped_export_on_a_sentence_file(tmp_path):
     """`serve-engines --ctranslate2-export`: the shipped int8 export, the
     sentences of `--source-file`, the export's own search defaults; parts

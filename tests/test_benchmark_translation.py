@@ -29,6 +29,7 @@ def run_script(bench, source, *flags):
                        "--latency-runs", "2", *flags])
 
 
+@pytest.mark.e2e
 def test_one_model(exports):
     bench, source, path = exports
     result = run_script(bench, source, "--saved-model", path)
@@ -39,6 +40,7 @@ def test_one_model(exports):
     assert "baseline" not in result
 
 
+@pytest.mark.e2e
 def test_a_model_against_itself(exports):
     bench, source, path = exports
     result = run_script(bench, source, "--saved-model", path, "--baseline", path, "--rounds", "2")

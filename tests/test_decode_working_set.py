@@ -67,6 +67,7 @@ def test_bfloat16_weights_are_stored_in_half_the_bytes_and_multiply_as_float32()
     np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=0.05)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("blocks", [1, 2])
 def test_prints_every_part_and_the_penalty(blocks):
     result = subprocess.run(

@@ -34,6 +34,7 @@ def run_demo(tmp_path, *extra, timeout):
     return done.stdout, check_run(done.returncode, done.stdout, done.stderr), done.stderr
 
 
+@pytest.mark.e2e
 def test_demo_runs_end_to_end(tmp_path_factory):
     # The tiny run tests/test_playground.py serves too (run once per pytest run).
     demo = tiny_demo(tmp_path_factory)

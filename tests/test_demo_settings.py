@@ -27,6 +27,7 @@ def test_bad_flags_are_refused(flags, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_a_tiny_run_scores_every_choice_on_both_splits(tmp_path, monkeypatch):
     # Thirty updates teach the tiny model nothing (BLEU 0.0 on both splits),
     # so docs/performance.md's figures (92.04 and up) are the full run's. Each

@@ -123,6 +123,7 @@ def test_saved_model_predict_imports_only_tensorflow_and_tensorflow_text():
                      r'"Op type not registered" without\)$', source, re.M)
 
 
+@pytest.mark.e2e
 def test_saved_model_predict_calls_every_signature(exported, tmp_path):
     translator = exported["translator"]
     # The example runs while this process computes the expected answers.

@@ -21,6 +21,10 @@ import pytest
 
 from support.processes import kill_after_checkpoint, write_corpus
 
+# A pip install and the commands and examples it brings, each in its own
+# process: the end-to-end tier (docs/testing.md#tiers).
+pytestmark = pytest.mark.e2e
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = ["Ein Mann fährt mit dem Fahrrad.", "", "the dog sees a cat"]
 # TensorFlow's start-up lines, which the commands hide unless asked.

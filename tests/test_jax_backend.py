@@ -16,6 +16,10 @@ import sys
 
 import pytest
 
+# Another Python environment (.venv-jax): the end-to-end tier
+# (docs/testing.md#tiers).
+pytestmark = pytest.mark.e2e
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

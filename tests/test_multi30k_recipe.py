@@ -11,6 +11,8 @@ import os
 import re
 import subprocess
 
+import pytest
+
 from support.processes import ENV, ROOT, write_corpus
 
 
@@ -76,6 +78,7 @@ def check_averages(stdout, chosen):
         assert int(count) == len(expected) and set(names.split(", ")) == set(expected)
 
 
+@pytest.mark.e2e
 def test_the_recipe_runs_on_a_time_budget(tmp_path):
     """SELECTION=last on one model; SELECTION=best is checked on each member
     of the ensemble test below."""
@@ -90,6 +93,7 @@ def test_the_recipe_runs_on_a_time_budget(tmp_path):
     assert re.search(r"wall time: training \d+ s", out.stdout)
 
 
+@pytest.mark.e2e
 def test_members_train_side_by_side_and_translate_as_one_ensemble(tmp_path):
     """MEMBERS=2 with SELECTION=best: each member keeps and averages its
     own best checkpoints, and kt-evaluate decodes with both averages."""

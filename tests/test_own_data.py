@@ -78,6 +78,7 @@ def test_every_scaling_replacement_matches_the_page():
     assert missing == [], f"docs/own-data.md does not have each of {missing} once: update SCALE"
 
 
+@pytest.mark.e2e
 def test_the_walk_through_runs_as_documented(tmp_path):
     script = documented_script()
     for old, new in SCALE:

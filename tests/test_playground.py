@@ -24,6 +24,10 @@ import pytest
 from support.demo_run import tiny_demo
 from support.serving_model import start_server, stop_server
 
+# Chromium, kt-serve and the demo's run, each in its own process: the
+# end-to-end tier (docs/testing.md#tiers).
+pytestmark = pytest.mark.e2e
+
 CHROMIUM = "/usr/bin/chromium"
 # A request's answer, in the browser; the tiny model's searches take a
 # fraction of this.
