@@ -81,8 +81,10 @@ def bpe(tmp_path_factory):
     sources, targets = generate_corpus(num_train=200, num_val=0, num_test=0)["train"]
     tokenizer = SubwordTokenizer(train_sentencepiece(sources + targets, vocab_size=400,
                                                      model_type="bpe"))
+    # One layer: the export's plumbing does not depend on depth (the
+    # unigram Example's model has two).
     model = kt.Transformer(kt.get_config("tiny", vocab_size=tokenizer.vocab_size,
-                                         max_length=16))
+                                         max_length=16, num_layers=1))
     model.build()
     translator = Translator(model, tokenizer, beam_size=3, extra_length=4)
     directory = tmp_path_factory.mktemp("bpe")
