@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from support.processes import ENV, ROOT, write_corpus
 
 
@@ -39,6 +41,7 @@ def free_ports(n):
     return ports
 
 
+@pytest.mark.e2e
 def test_multi_worker_mirrored_workers_agree(tmp_path):
     data = tmp_path / "data"
     data.mkdir()

@@ -213,6 +213,7 @@ def next_ranked(lines, rank):
     return ast.literal_eval(translation), float(score)
 
 
+@pytest.mark.e2e
 def test_plain_tensorflow_needs_tensorflow_text_and_the_version_directory(exported,
                                                                           tmp_path):
     # What the docs say goes wrong without the example's two steps.
@@ -234,6 +235,7 @@ def test_plain_tensorflow_needs_tensorflow_text_and_the_version_directory(export
 # examples/tf_serving/rest_client.py ------------------------------------------
 
 
+@pytest.mark.e2e
 def test_rest_client_translates_through_kt_serve(exported, tmp_path):
     translator = exported["translator"]
     done = run([os.path.join(TF_SERVING, "rest_client.py"), "--url", exported["url"],
@@ -250,6 +252,7 @@ def test_rest_client_translates_through_kt_serve(exported, tmp_path):
                         *translator.translate(SENTENCES, **SEARCH))
 
 
+@pytest.mark.e2e
 def test_rest_client_reports_the_servers_error(exported, tmp_path):
     done = run([os.path.join(TF_SERVING, "rest_client.py"), "--url", exported["url"],
                 "--model", "absent", "Ein Hund."], cwd=tmp_path)
@@ -269,6 +272,7 @@ def grpc_client():
     return load_module(os.path.join(TF_SERVING, "grpc_client.py"))
 
 
+@pytest.mark.e2e
 def test_grpc_requests_carry_the_signatures_dtypes(grpc_client, exported):
     from tensorflow_serving.apis import predict_pb2
 
@@ -305,6 +309,7 @@ def test_grpc_requests_carry_the_signatures_dtypes(grpc_client, exported):
         grpc_client.build_request(NAME, ["Ein Hund."], "translate_with_options", beam=4)
 
 
+@pytest.mark.e2e
 def test_grpc_client_translates_through_kt_serve_s_grpc_api(grpc_client, exported, capsys):
     pytest.importorskip("tensorflow_serving", reason=TF_SERVING_API)
     grpc_client.main(["--target", exported["grpc"], "--model", NAME,

@@ -197,6 +197,7 @@ def _corpus(path, count=240):
     return str(path)
 
 
+@pytest.mark.e2e
 def test_a_killed_kt_translate_resumes_with_the_same_bytes(exported, tmp_path):
     flags = ["--saved-model", exported, "--input", _corpus(tmp_path / "in.txt"),
              "--window", "16", "--batch-size", "8"]

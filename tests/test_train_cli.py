@@ -69,6 +69,7 @@ def tiny_training(tmp_path, *flags):
             "--valid-split", "", *flags]
 
 
+@pytest.mark.e2e
 def test_resumes_after_sigkill_at_the_step_reached(tmp_path, capsys):
     run = tmp_path / "run"
     command = tiny_training(tmp_path, "--train-steps", "60", "--steps-per-epoch", "30",

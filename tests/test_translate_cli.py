@@ -218,6 +218,7 @@ def read_source(path):
     return read_lines(str(path))
 
 
+@pytest.mark.e2e
 def test_sampling_with_a_seed_is_reproducible_across_processes(exported_run):
     run, exported, source = (exported_run[k] for k in ("run", "exported", "source"))
     command = [sys.executable, "-m", "keras_transformer.cli.translate", "--saved-model",
