@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the package with its test extra into .venv (idempotent) and runs the
-# default test suite (fast: tiny configs). The end-to-end tier (`-m e2e`: an
-# install, the demo, the recipes, other Python environments) and the `-m slow`
-# checks are separate; .ci/run runs the default suite and the e2e tier.
+# default test suite (fast: tiny configs). The end-to-end tier (`-m e2e`,
+# docs/testing.md#tiers) and the `-m slow` checks are separate; .ci/run runs
+# the default suite and the e2e tier.
 # The tests run in one pytest-xdist worker per core, at most 4
 # (KT_TEST_WORKERS overrides; 0 runs them in this process, e.g. for --pdb):
 # most of a test's time is one core importing TensorFlow, tracing or
