@@ -14,19 +14,21 @@ run's search defaults. Then:
    alpha 0 (where the two length penalties agree), and the largest score
    difference at alpha 0 among identical ones.
 2. Overhead: the same requests of `--batch` sentences, one after another,
-   four ways: CTranslate2 and SentencePiece alone in this process
+   five ways: CTranslate2 and SentencePiece alone in this process
    (`RawCTranslate2`, the floor), `CTranslate2Translator` in this process,
-   kt-serve on the int8 version (no batching), and the plainest HTTP
-   server around CTranslate2 alone (`serve_plain`: one thread,
-   `http.server`, no checks: what any server adds on this machine), each
-   server from one client (`http.client`, one keep-alive
-   connection); sentences/s of each over `--overhead-rounds` rounds, each
-   request sent the four ways in turn (in an order that rotates). The
-   ratios to the floor are the medians of per-round ratios; the
-   translations of the four are compared. With `--baseline REV`, kt-serve
-   at commit REV (its `keras_transformer/`, from `git archive`) is a fifth
-   contender, so a change to the server is measured against its parent in
-   the same rounds.
+   kt-serve on the int8 version (no batching), the plainest HTTP server
+   around CTranslate2 alone (`serve_plain`: one thread, `http.server`, no
+   checks: what any server adds on this machine), and kt-serve's design
+   without its application (`serve_bare`: kt-serve's uvicorn and event
+   loop, CTranslate2 alone on a worker thread, no checks), each server
+   from one client (`http.client`, one keep-alive connection);
+   sentences/s of each over `--overhead-rounds` rounds, each request sent
+   the five ways in turn (in an order that rotates). The ratios to the
+   floor are the medians of per-round ratios; the translations of all are
+   compared. With `--baseline REV`, kt-serve at commit REV (its
+   `keras_transformer/`, from `git archive`) is a sixth contender, so a
+   change to the server is measured against its parent in the same
+   rounds.
 3. Load: `--clients` clients send requests of one to four test sentences
    (`--requests` per round) to kt-serve on the SavedModel and to kt-serve on
    the int8 version, both with --enable-batching, alternating rounds:
@@ -186,6 +188,43 @@ def serve_plain(model_dir, threads):
 PLAIN_READY = re.compile(r"plain HTTP server at (?P<url>http://\S+)")
 
 
+def serve_bare(model_dir, threads):
+    """The least a server of kt-serve's design adds: kt-serve's uvicorn
+    (`server.run_server`: its protocol, parser and connection limits) and
+    asyncio's event loop around an ASGI application that does no routing,
+    checks or metrics, with `RawCTranslate2` called on a worker thread, as
+    kt-serve calls its engine so that it keeps answering while a model runs.
+    Prints `BARE_READY`'s line once it listens; serves until killed."""
+    import asyncio
+
+    from keras_transformer.serving import server
+
+    raw = RawCTranslate2(model_dir, int(threads))
+    executor = concurrent.futures.ThreadPoolExecutor(1)
+
+    async def app(scope, receive, send):
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        text = json.loads(body)["inputs"]["text"]
+        translations = await asyncio.get_running_loop().run_in_executor(
+            executor, raw.translate, text)
+        answer = json.dumps({"outputs": {"translation": translations}}).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(answer)).encode())]})
+        await send({"type": "http.response.body", "body": answer})
+
+    sock = server.bind("127.0.0.1", 0)
+    server.run_server(app, sock, ready=lambda: print(
+        f"bare uvicorn server at {server.url_of(sock)}", flush=True))
+
+
+BARE_READY = re.compile(r"bare uvicorn server at (?P<url>http://\S+)")
+
+
 def overhead_round(urls, engines, batches, first=0):
     """Sentences/s of each server of `urls` (`{name: predict URL}`) and of
     each of `engines` (`{name: translate(batch) -> translations}`) over
@@ -273,24 +312,29 @@ def latency(engine, singles):
 def measure_overhead(args, int8_base, int8_dir, sentences):
     """Part 2: CTranslate2 and SentencePiece alone, `CTranslate2Translator`,
     kt-serve on the int8 version, the plainest HTTP server around
-    CTranslate2 alone (`serve_plain`) and, with
+    CTranslate2 alone (`serve_plain`), kt-serve's design without its
+    application (`serve_bare`) and, with
     `args.baseline`, kt-serve at that commit: each batch every way in turn
     (`overhead_round`)."""
     from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
 
     serve_argv = ["--model-name", "m", "--model-base-path", int8_base,
                   "--ctranslate2-threads", str(args.ctranslate2_threads)]
-    plain = [sys.executable, "-c", "import sys; from benchmarks.serve_engines import "
-             "serve_plain; serve_plain(*sys.argv[1:])", int8_dir, str(args.ctranslate2_threads)]
+    def floor(function):
+        return [sys.executable, "-c", "import sys; from benchmarks.serve_engines import "
+                f"{function}; {function}(*sys.argv[1:])", int8_dir,
+                str(args.ctranslate2_threads)]
     servers, urls = [], {}
     with tempfile.TemporaryDirectory(prefix="kt-serve-baseline-") as package:
         try:
             process, url = tiny_serving.start_server(serve_argv)
             servers.append(process)
             urls["kt_serve"] = f"{url}/v1/models/m:predict"
-            process, match = harness.start_process(plain, PLAIN_READY)
-            servers.append(process)
-            urls["plain_http"] = f"{match.group('url')}/v1/models/m:predict"
+            for name, function, ready in (("plain_http", "serve_plain", PLAIN_READY),
+                                          ("bare_uvicorn", "serve_bare", BARE_READY)):
+                process, match = harness.start_process(floor(function), ready)
+                servers.append(process)
+                urls[name] = f"{match.group('url')}/v1/models/m:predict"
             if args.baseline:
                 harness.extract_package(args.baseline, package)
                 process, url = tiny_serving.start_server(serve_argv,
@@ -445,7 +489,8 @@ def main(argv=None):
         print(f"overhead: against CTranslate2 and SentencePiece alone, sentences/s: "
               f"CTranslate2Translator {overhead['translator_over_raw_median']:.3f}, "
               f"kt-serve {overhead['kt_serve_over_raw_median']:.3f}, the plainest HTTP "
-              f"server {overhead['plain_http_over_raw_median']:.3f}"
+              f"server {overhead['plain_http_over_raw_median']:.3f}, kt-serve's design "
+              f"without its application {overhead['bare_uvicorn_over_raw_median']:.3f}"
               + (f", kt-serve at {args.baseline} "
                  f"{overhead['kt_serve_baseline_over_raw_median']:.3f}"
                  if args.baseline else ""))

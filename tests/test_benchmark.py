@@ -284,6 +284,28 @@ def test_serve_engines_times_a_shipped_export_on_a_sentence_file(tmp_path):
     assert 0 < report["threads"]["intra_2_p50_ms"] < 10_000
 
 
+@pytest.mark.e2e
+def test_serve_engines_overhead_times_every_contender_against_the_engine(tmp_path):
+    """`serve-engines --parts overhead`: kt-serve, the plainest HTTP server
+    and kt-serve's design without its application each answer every
+    request with CTranslate2's own translations, and each gets a ratio to
+    CTranslate2 alone."""
+    export = os.path.join(ROOT, "saved_models", "multi30k_en_de_ct2", "1")
+    pytest.importorskip("ctranslate2")
+    sources = tmp_path / "sources.en"
+    sources.write_text("A dog runs on the beach.\nTwo men play football.\nA red car.\n"
+                       "A woman reads a book in the park.\n")
+    out = tmp_path / "report.json"
+    run("--ctranslate2-export", export, "--source-file", str(sources), "--parts", "overhead",
+        "--overhead-rounds", "1", "--batch", "2", "--batches", "2", "--json", str(out),
+        subcommand="serve-engines")
+    overhead = json.loads(out.read_text())["overhead"]
+    contenders = ("translator", "kt_serve", "plain_http", "bare_uvicorn")
+    assert overhead["identical_to_raw"] == {**dict.fromkeys(contenders, 4), "of": 4}
+    for name in contenders:
+        assert 0 < overhead[f"{name}_over_raw_median"] < 10
+
+
 def test_a_second_result_of_the_same_day_and_commit_gets_its_own_file(tmp_path):
     import time
 
