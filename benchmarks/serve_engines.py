@@ -23,9 +23,9 @@ run's search defaults. Then:
    loop, CTranslate2 alone on a worker thread, no checks), each server
    from one client (`http.client`, one keep-alive connection);
    sentences/s of each over `--overhead-rounds` rounds, each request sent
-   the five ways in turn (in an order that rotates). The ratios to the
-   floor are the medians of per-round ratios; the translations of all are
-   compared. With `--baseline REV`, kt-serve at commit REV (its
+   the five ways in turn (in an order shuffled from request to request).
+   The ratios to the floor are the medians of per-round ratios; the
+   translations of all are compared. With `--baseline REV`, kt-serve at commit REV (its
    `keras_transformer/`, from `git archive`) is a sixth contender, so a
    change to the server is measured against its parent in the same
    rounds.
@@ -229,8 +229,10 @@ def overhead_round(urls, engines, batches, first=0):
     """Sentences/s of each server of `urls` (`{name: predict URL}`) and of
     each of `engines` (`{name: translate(batch) -> translations}`) over
     `batches`, and the translations of each. Each batch goes through all of
-    them, in an order that rotates from batch to batch (from `first`), so a
-    change in the machine's load falls on all alike. The client is
+    them, in an order shuffled from batch to batch (seeded with `first`), so
+    a change in the machine's load falls on all alike and none always
+    follows the same other one (what ran just before a request, in this
+    process or another, changes its time). The client is
     `http.client` on one keep-alive connection per server: the least a
     client can add, so a server's figure against the others is its cost."""
     import http.client
@@ -260,9 +262,9 @@ def overhead_round(urls, engines, batches, first=0):
     seconds = dict.fromkeys(names, 0.0)
     translations = {name: [] for name in names}
     try:
-        for b, batch in enumerate(batches):
-            k = (first + b) % len(names)
-            for name in names[k:] + names[:k]:
+        order = random.Random(first)
+        for batch in batches:
+            for name in order.sample(names, len(names)):
                 start = time.perf_counter()
                 out = calls[name](batch)
                 seconds[name] += time.perf_counter() - start
