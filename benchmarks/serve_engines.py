@@ -25,10 +25,10 @@ run's search defaults. Then:
    sentences/s of each over `--overhead-rounds` rounds, each request sent
    the five ways in turn (in an order shuffled from request to request).
    The ratios to the floor are the medians of per-round ratios; the
-   translations of all are compared. With `--baseline REV`, kt-serve at commit REV (its
-   `keras_transformer/`, from `git archive`) is a sixth contender, so a
-   change to the server is measured against its parent in the same
-   rounds.
+   translations of all are compared. With `--baseline REV`, kt-serve at
+   commit REV (its `keras_transformer/`, from `git archive`) is a sixth
+   contender, so a change to the server is measured against its parent in
+   the same rounds.
 3. Load: `--clients` clients send requests of one to four test sentences
    (`--requests` per round) to kt-serve on the SavedModel and to kt-serve on
    the int8 version, both with --enable-batching, alternating rounds:
