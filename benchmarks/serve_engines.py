@@ -225,11 +225,11 @@ def serve_bare(model_dir, threads):
 BARE_READY = re.compile(r"bare uvicorn server at (?P<url>http://\S+)")
 
 
-def overhead_round(urls, engines, batches, first=0):
+def overhead_round(urls, engines, batches, seed=0):
     """Sentences/s of each server of `urls` (`{name: predict URL}`) and of
     each of `engines` (`{name: translate(batch) -> translations}`) over
     `batches`, and the translations of each. Each batch goes through all of
-    them, in an order shuffled from batch to batch (seeded with `first`), so
+    them, in an order shuffled from batch to batch (seeded with `seed`), so
     a change in the machine's load falls on all alike and none always
     follows the same other one (what ran just before a request, in this
     process or another, changes its time). The client is
@@ -262,7 +262,7 @@ def overhead_round(urls, engines, batches, first=0):
     seconds = dict.fromkeys(names, 0.0)
     translations = {name: [] for name in names}
     try:
-        order = random.Random(first)
+        order = random.Random(seed)
         for batch in batches:
             for name in order.sample(names, len(names)):
                 start = time.perf_counter()
@@ -322,7 +322,7 @@ def measure_overhead(args, int8_base, int8_dir, sentences):
 
     serve_argv = ["--model-name", "m", "--model-base-path", int8_base,
                   "--ctranslate2-threads", str(args.ctranslate2_threads)]
-    def floor(function):
+    def server_command(function):
         return [sys.executable, "-c", "import sys; from benchmarks.serve_engines import "
                 f"{function}; {function}(*sys.argv[1:])", int8_dir,
                 str(args.ctranslate2_threads)]
@@ -334,7 +334,7 @@ def measure_overhead(args, int8_base, int8_dir, sentences):
             urls["kt_serve"] = f"{url}/v1/models/m:predict"
             for name, function, ready in (("plain_http", "serve_plain", PLAIN_READY),
                                           ("bare_uvicorn", "serve_bare", BARE_READY)):
-                process, match = harness.start_process(floor(function), ready)
+                process, match = harness.start_process(server_command(function), ready)
                 servers.append(process)
                 urls[name] = f"{match.group('url')}/v1/models/m:predict"
             if args.baseline:
@@ -360,7 +360,7 @@ def _overhead_rounds(args, urls, translator, raw, sentences):
     overhead_round(urls, engines, batches[:3])  # warm them all
     rounds, identical = [], {}
     for r in range(args.overhead_rounds):
-        rates, translations = overhead_round(urls, engines, batches, first=r)
+        rates, translations = overhead_round(urls, engines, batches, seed=r)
         rounds.append({**rates, **{f"{name}_over_raw": rates[name] / rates["raw"]
                                    for name in names[1:]}})
         for name in names[1:]:
